@@ -1,0 +1,202 @@
+"""Q-networks: an MLP or Nature-CNN torso, a (noisy) Q head, optional dueling streams."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+from agent.noisy import NoisyLinear
+from agent.noisy import noisy_layers as find_noisy_layers
+
+__all__ = ["NatureCNN", "QNetwork"]
+
+NoisyLayers = Literal["all", "last", "none"]
+
+
+class NatureCNN(nn.Module):
+    """The convolutional torso of Mnih et al. 2015 (DQN Nature paper).
+
+    Takes ``(B, C, H, W)`` frames; integer frames (uint8) are converted to the
+    parameters' dtype and scaled to [0, 1] on whatever device they arrive on.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        height: int,
+        width: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.convs = nn.Sequential(
+            nn.Conv2d(in_channels, 32, kernel_size=8, stride=4, **factory),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2, **factory),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1, **factory),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+
+        def out_size(size: int, kernel: int, stride: int) -> int:
+            return (size - kernel) // stride + 1
+
+        h = out_size(out_size(out_size(height, 8, 4), 4, 2), 3, 1)
+        w = out_size(out_size(out_size(width, 8, 4), 4, 2), 3, 1)
+        if h <= 0 or w <= 0:
+            raise ValueError(
+                f"NatureCNN needs frames of at least 36x36, got {height}x{width}"
+            )
+        self.out_features = 64 * h * w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.convs[0].weight.dtype
+        if not torch.is_floating_point(x):
+            x = x.to(dtype=dtype) / 255.0
+        else:
+            x = x.to(dtype=dtype)
+        return self.convs(x)
+
+
+def _linear(
+    in_features: int,
+    out_features: int,
+    noisy: bool,
+    sigma0: float,
+    factory: dict,
+) -> nn.Module:
+    if noisy:
+        return NoisyLinear(in_features, out_features, sigma0, **factory)
+    return nn.Linear(in_features, out_features, **factory)
+
+
+def _mlp(
+    sizes: Sequence[int], noisy: Sequence[bool], sigma0: float, factory: dict
+) -> nn.Sequential:
+    """Linear layers between consecutive ``sizes``, ReLU after every one but the last."""
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
+        layers.append(_linear(n_in, n_out, noisy[i], sigma0, factory))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class QNetwork(nn.Module):
+    """Action values Q(s, .) for a discrete action space.
+
+    Args:
+        obs_shape: shape of one observation. 1-D shapes get an MLP; 3-D shapes
+            ``(C, H, W)`` get the Nature-CNN torso.
+        n_actions: number of discrete actions.
+        hidden_sizes: widths of the hidden linear layers of the head (after the
+            torso, if any). With ``dueling``, the last width is the hidden layer
+            of each stream and the others are shared.
+        noisy_layers: which linear layers are NoisyLinear: ``"all"`` (every
+            linear layer of the head, as in NoisyNet-DQN), ``"last"`` (only the
+            output layer of each stream), or ``"none"`` (plain DQN, for
+            epsilon-greedy baselines). Convolutions are never noisy.
+        sigma0: initial noise scale of the NoisyLinear layers.
+        dueling: value and advantage streams, Q = V + A - mean(A)
+            (Wang et al. 2016).
+        device, dtype: where and in which precision the parameters live.
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        n_actions: int,
+        hidden_sizes: Sequence[int] = (64, 64),
+        *,
+        noisy_layers: NoisyLayers = "all",
+        sigma0: float = 0.5,
+        dueling: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        obs_shape = tuple(int(s) for s in obs_shape)
+        hidden_sizes = [int(h) for h in hidden_sizes]
+        if n_actions < 1:
+            raise ValueError(f"n_actions must be >= 1, got {n_actions}")
+        if noisy_layers not in ("all", "last", "none"):
+            raise ValueError(f"noisy_layers must be 'all', 'last' or 'none', got {noisy_layers!r}")
+        if any(h < 1 for h in hidden_sizes):
+            raise ValueError(f"hidden sizes must be positive, got {hidden_sizes}")
+        if dueling and not hidden_sizes:
+            raise ValueError("a dueling head needs at least one hidden layer")
+        factory = {"device": device, "dtype": dtype}
+        self.obs_shape = obs_shape
+        self.n_actions = int(n_actions)
+        self.dueling = bool(dueling)
+
+        if len(obs_shape) == 1:
+            self.torso: nn.Module = nn.Identity()
+            features = obs_shape[0]
+        elif len(obs_shape) == 3:
+            self.torso = NatureCNN(*obs_shape, **factory)
+            features = self.torso.out_features
+        else:
+            raise ValueError(
+                f"observations must be vectors (D,) or images (C, H, W), got shape {obs_shape}"
+            )
+
+        def noisy_flags(n_layers: int) -> list[bool]:
+            if noisy_layers == "all":
+                return [True] * n_layers
+            if noisy_layers == "last":
+                return [False] * (n_layers - 1) + [True]
+            return [False] * n_layers
+
+        if not self.dueling:
+            sizes = [features, *hidden_sizes, self.n_actions]
+            self.head = _mlp(sizes, noisy_flags(len(sizes) - 1), sigma0, factory)
+        else:
+            shared = [features, *hidden_sizes[:-1]]
+            if noisy_layers == "all":
+                shared_flags = [True] * (len(shared) - 1)
+            else:
+                shared_flags = [False] * (len(shared) - 1)
+            self.head = _mlp(shared, shared_flags, sigma0, factory)
+            if len(shared) > 1:
+                self.head.append(nn.ReLU())
+            stream_in, width = shared[-1], hidden_sizes[-1]
+            self.value = _mlp([stream_in, width, 1], noisy_flags(2), sigma0, factory)
+            self.advantage = _mlp(
+                [stream_in, width, self.n_actions], noisy_flags(2), sigma0, factory
+            )
+        # Cached at construction (found by type): resetting noise is on the hot path.
+        self._noisy = find_noisy_layers(self)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs``: ``(B, *obs_shape)`` on the network's device -> Q values ``(B, n_actions)``."""
+        x = self.torso(obs)
+        if isinstance(self.torso, nn.Identity):
+            x = x.to(dtype=self._param_dtype())
+        x = self.head(x)
+        if not self.dueling:
+            return x
+        value = self.value(x)  # (B, 1)
+        advantage = self.advantage(x)  # (B, n_actions)
+        return value + advantage - advantage.mean(dim=-1, keepdim=True)
+
+    def _param_dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @torch.no_grad()
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        """Resample the noise of every NoisyLinear of the network (a no-op without any)."""
+        for layer in self._noisy:
+            layer.reset_noise(generator)
+
+    @property
+    def is_noisy(self) -> bool:
+        return bool(self._noisy)
+

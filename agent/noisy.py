@@ -1,0 +1,157 @@
+"""NoisyLinear: a linear layer with factorised Gaussian parameter noise.
+
+Fortunato et al. 2017, "Noisy Networks for Exploration", section 3 (factorised
+noise). The layer computes
+
+    y = x (mu_W + sigma_W * eps_W)^T + (mu_b + sigma_b * eps_b)
+
+with eps_W = f(eps_out) f(eps_in)^T (an outer product, so rank 1), eps_b =
+f(eps_out), eps ~ N(0, 1) and f(x) = sgn(x) sqrt(|x|).
+
+Device rules (see DESIGN.md): noise is drawn on the device and in the dtype of
+``weight_sigma`` and written *in place* into registered buffers, so that the
+buffers keep their addresses. A captured CUDA graph reads those addresses; a
+reassigned buffer would silently freeze the noise inside the graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["NoisyLinear", "noise_disabled", "noisy_layers", "reset_noise", "set_noise"]
+
+
+class NoisyLinear(nn.Module):
+    """Linear layer with factorised Gaussian noise on weights and biases.
+
+    Args:
+        in_features: size of each input sample.
+        out_features: size of each output sample.
+        sigma0: initial noise scale; ``weight_sigma`` and ``bias_sigma`` start at
+            ``sigma0 / sqrt(in_features)`` (0.5 in the paper).
+        device, dtype: where and in which precision parameters and noise live.
+
+    Noise is used in ``forward`` while ``noise_enabled`` is True (the default);
+    switch it for a whole network with :func:`set_noise` or
+    :func:`noise_disabled`, independently of ``train()`` / ``eval()``.
+    """
+
+    weight_epsilon: torch.Tensor
+    bias_epsilon: torch.Tensor
+    epsilon_in: torch.Tensor
+    epsilon_out: torch.Tensor
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        sigma0: float = 0.5,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(
+                f"NoisyLinear needs positive sizes, got in_features={in_features}, "
+                f"out_features={out_features}"
+            )
+        if sigma0 < 0:
+            raise ValueError(f"sigma0 must be >= 0, got {sigma0}")
+        factory = {"device": device, "dtype": dtype}
+        self.in_features = in_features
+        self.out_features = out_features
+        self.sigma0 = float(sigma0)
+        self.noise_enabled = True
+
+        self.weight_mu = nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.weight_sigma = nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.bias_mu = nn.Parameter(torch.empty(out_features, **factory))
+        self.bias_sigma = nn.Parameter(torch.empty(out_features, **factory))
+        # The noise factors and the noise itself. Persistent, so that a saved
+        # network reproduces its last noisy forward exactly.
+        self.register_buffer("epsilon_in", torch.zeros(in_features, **factory))
+        self.register_buffer("epsilon_out", torch.zeros(out_features, **factory))
+        self.register_buffer("weight_epsilon", torch.zeros(out_features, in_features, **factory))
+        self.register_buffer("bias_epsilon", torch.zeros(out_features, **factory))
+        self.reset_parameters()
+        self.reset_noise()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise as in the paper for factorised noise (section 3.2)."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        self.weight_mu.uniform_(-bound, bound)
+        self.bias_mu.uniform_(-bound, bound)
+        self.weight_sigma.fill_(self.sigma0 * bound)
+        self.bias_sigma.fill_(self.sigma0 * bound)
+
+    @staticmethod
+    def _scale_noise_(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        # f(x) = sgn(x) * sqrt(|x|), in place on x's device and dtype.
+        x.normal_(generator=generator)
+        return x.copy_(x.sign().mul_(x.abs().sqrt_()))
+
+    @torch.no_grad()
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        """Draw fresh factorised noise into the existing buffers (addresses unchanged).
+
+        The buffers live with ``weight_sigma`` (``.to()`` moves them together), so
+        the noise is drawn where the weights are. ``generator`` must be on that
+        device; without one, the device's default generator is used.
+        """
+        self._scale_noise_(self.epsilon_in, generator)
+        self._scale_noise_(self.epsilon_out, generator)
+        torch.outer(self.epsilon_out, self.epsilon_in, out=self.weight_epsilon)
+        self.bias_epsilon.copy_(self.epsilon_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.noise_enabled:
+            weight = torch.addcmul(self.weight_mu, self.weight_sigma, self.weight_epsilon)
+            bias = torch.addcmul(self.bias_mu, self.bias_sigma, self.bias_epsilon)
+        else:
+            weight, bias = self.weight_mu, self.bias_mu
+        return F.linear(x, weight, bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"sigma0={self.sigma0}, noise_enabled={self.noise_enabled}"
+        )
+
+
+def noisy_layers(module: nn.Module) -> list[NoisyLinear]:
+    """Every :class:`NoisyLinear` inside ``module`` (found by type, never by name)."""
+    return [m for m in module.modules() if isinstance(m, NoisyLinear)]
+
+
+def reset_noise(module: nn.Module, generator: torch.Generator | None = None) -> None:
+    """Resample the noise of every NoisyLinear inside ``module``."""
+    for layer in noisy_layers(module):
+        layer.reset_noise(generator)
+
+
+def set_noise(module: nn.Module, enabled: bool) -> None:
+    """Switch the noise of every NoisyLinear inside ``module`` on or off (mu only)."""
+    for layer in noisy_layers(module):
+        layer.noise_enabled = enabled
+
+
+@contextlib.contextmanager
+def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
+    """Context manager: forward with the mean weights only, restoring each layer's switch after."""
+    layers = noisy_layers(module)
+    previous = [layer.noise_enabled for layer in layers]
+    try:
+        for layer in layers:
+            layer.noise_enabled = False
+        yield module
+    finally:
+        for layer, was in zip(layers, previous, strict=True):
+            layer.noise_enabled = was

@@ -1,0 +1,74 @@
+"""Shared test set-up: markers, devices, and a recorder of aten ops for sync checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# One thread, as in training on CPU: tests run beside other processes on 2 cores.
+torch.set_num_threads(1)
+
+CUDA = torch.cuda.is_available()
+
+# Devices every component is tested on: CPU always, CUDA when present.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+# aten ops that force the host to wait for the device or move data off it.
+SYNCING_OPS = {
+    "aten._local_scalar_dense",  # .item(), bool(tensor), Python control flow on values
+    "aten.nonzero",
+    "aten.nonzero_static",
+    "aten.masked_select",
+    "aten.unique",
+    "aten._unique2",
+    "aten.equal",
+    "aten.is_nonzero",
+    "aten.allclose",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "gpu" in item.keywords and not CUDA:
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not config.getoption("--runslow"):
+            item.add_marker(skip_slow)
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records every aten op (name, and device of its outputs) dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.devices_out: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        name = func._schema.name  # e.g. "aten::add"
+        self.ops.append(name.replace("::", "."))
+        out = func(*args, **kwargs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                self.devices_out.append((name, o.device.type))
+        return out
+
+    def syncing_ops(self) -> set[str]:
+        return {op for op in self.ops if op in SYNCING_OPS}
+
+    def ops_leaving(self, device_type: str) -> list[tuple[str, str]]:
+        """Ops whose output landed on another device than ``device_type`` (e.g. copies to CPU)."""
+        return [(op, d) for op, d in self.devices_out if d != device_type]
+
+
+@pytest.fixture
+def op_recorder() -> type[OpRecorder]:
+    return OpRecorder

@@ -1,0 +1,165 @@
+"""QNetwork: shapes, noisy layer selection, dueling, CNN torso, devices and dtypes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import DEVICES, OpRecorder
+
+from agent.networks import QNetwork
+from agent.noisy import NoisyLinear, noise_disabled, noisy_layers
+
+def _cfg_id(cfg: dict) -> str:
+    return f"{cfg['obs_shape']}-duel{cfg.get('dueling', False)}"
+
+
+CONFIGS = [
+    {"obs_shape": (4,), "hidden_sizes": (16, 16)},
+    {"obs_shape": (4,), "hidden_sizes": (16, 16), "dueling": True},
+    {"obs_shape": (4,), "hidden_sizes": (16,), "dueling": True},
+    {"obs_shape": (2, 36, 36), "hidden_sizes": (32,)},
+    {"obs_shape": (2, 36, 36), "hidden_sizes": (32,), "dueling": True},
+]
+
+
+def _obs(obs_shape: tuple[int, ...], batch: int, device: str = "cpu") -> torch.Tensor:
+    if len(obs_shape) == 3:
+        return torch.randint(0, 256, (batch, *obs_shape), dtype=torch.uint8, device=device)
+    return torch.randn(batch, *obs_shape, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_output_shape_and_device(cfg: dict, device: str) -> None:
+    net = QNetwork(n_actions=3, device=device, **cfg)
+    q = net(_obs(cfg["obs_shape"], 5, device))
+    assert q.shape == (5, 3)
+    assert q.device.type == device
+    assert q.dtype == torch.float32
+
+
+def test_noisy_layer_selection() -> None:
+    all_noisy = QNetwork((4,), 2, (8, 8), noisy_layers="all")
+    assert len(noisy_layers(all_noisy)) == 3
+    assert not any(isinstance(m, torch.nn.Linear) for m in all_noisy.modules())
+    last = QNetwork((4,), 2, (8, 8), noisy_layers="last")
+    assert len(noisy_layers(last)) == 1
+    assert noisy_layers(last)[0].out_features == 2
+    plain = QNetwork((4,), 2, (8, 8), noisy_layers="none")
+    assert noisy_layers(plain) == [] and not plain.is_noisy
+    plain.reset_noise()  # a no-op, not an error
+    duel_last = QNetwork((4,), 2, (8, 8), dueling=True, noisy_layers="last")
+    assert sorted(m.out_features for m in noisy_layers(duel_last)) == [1, 2]
+    # Convolutions are never noisy.
+    cnn = QNetwork((2, 36, 36), 2, (8,))
+    assert all(not isinstance(m, NoisyLinear) for m in cnn.torso.modules())
+
+
+def test_dueling_head_subtracts_mean_advantage() -> None:
+    net = QNetwork((4,), 3, (8, 8), dueling=True)
+    x = torch.randn(6, 4)
+    q = net(x)
+    features = net.head(x)
+    v, a = net.value(features), net.advantage(features)
+    torch.testing.assert_close(q, v + a - a.mean(dim=1, keepdim=True))
+    # The mean over actions of Q is V: advantages are identifiable.
+    torch.testing.assert_close(q.mean(dim=1, keepdim=True), v)
+
+
+def test_reset_noise_resets_every_noisy_layer_in_place() -> None:
+    net = QNetwork((4,), 2, (8, 8), dueling=True)
+    layers = noisy_layers(net)
+    ptrs = [b.data_ptr() for b in net.buffers()]
+    before = [m.weight_epsilon.clone() for m in layers]
+    net.reset_noise()
+    assert [b.data_ptr() for b in net.buffers()] == ptrs
+    for b, m in zip(before, layers, strict=True):
+        assert not torch.equal(b, m.weight_epsilon)
+
+
+def test_noise_changes_output_unless_disabled() -> None:
+    net = QNetwork((4,), 2, (8, 8))
+    x = torch.randn(3, 4)
+    y1 = net(x)
+    net.reset_noise()
+    assert not torch.allclose(y1, net(x))
+    with noise_disabled(net):
+        z1 = net(x)
+        net.reset_noise()
+        torch.testing.assert_close(net(x), z1, rtol=0, atol=0)
+
+
+def test_uint8_frames_are_scaled_on_the_device() -> None:
+    net = QNetwork((2, 36, 36), 2, (8,))
+    frames = torch.randint(0, 256, (3, 2, 36, 36), dtype=torch.uint8)
+    with noise_disabled(net):
+        torch.testing.assert_close(net(frames), net(frames.float() / 255.0))
+
+
+def test_target_copy_is_independent() -> None:
+    net = QNetwork((4,), 2, (8,))
+    target = copy.deepcopy(net)
+    assert len(target._noisy) == 2 and all(
+        a is not b for a, b in zip(target._noisy, net._noisy, strict=True)
+    )
+    target.reset_noise()
+    assert not torch.equal(target._noisy[0].weight_epsilon, net._noisy[0].weight_epsilon)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_meta_device_everything_stays_on_meta(cfg: dict) -> None:
+    net = QNetwork(n_actions=3, **cfg).to(torch.device("meta"))
+    with OpRecorder() as rec:
+        net.reset_noise()
+        q = net(_obs(cfg["obs_shape"], 2, "meta"))
+    assert q.device.type == "meta" and q.shape == (2, 3)
+    assert all(t.device.type == "meta" for t in [*net.parameters(), *net.buffers()])
+    assert rec.ops_leaving("meta") == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_dtype_everywhere(cfg: dict, dtype: torch.dtype) -> None:
+    net = QNetwork(n_actions=3, **cfg).to(dtype)
+    net.reset_noise()
+    q = net(_obs(cfg["obs_shape"], 2))  # float32 vectors or uint8 frames in, converted inside
+    assert q.dtype == dtype
+    assert all(t.dtype == dtype for t in [*net.parameters(), *net.buffers()])
+
+
+def test_no_host_sync_in_reset_and_forward() -> None:
+    net = QNetwork((4,), 2, (8, 8), dueling=True)
+    x = torch.randn(3, 4)
+    with OpRecorder() as rec:
+        net.reset_noise()
+        net(x).argmax(dim=1)
+    assert rec.syncing_ops() == set()
+
+
+def test_gradients_reach_every_parameter() -> None:
+    net = QNetwork((2, 36, 36), 3, (8,), dueling=True)
+    q = net(_obs((2, 36, 36), 4))
+    # A random weighting: a plain sum would cancel the mean-subtracted advantages.
+    (q * torch.randn_like(q)).sum().backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError, match="vectors"):
+        QNetwork((2, 3), 2)
+    with pytest.raises(ValueError, match="n_actions"):
+        QNetwork((4,), 0)
+    with pytest.raises(ValueError, match="noisy_layers"):
+        QNetwork((4,), 2, noisy_layers="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="36x36"):
+        QNetwork((1, 20, 20), 2)
+
+
+@pytest.mark.gpu
+def test_cuda_network_rejects_cpu_input_loudly() -> None:
+    net = QNetwork((4,), 2, device="cuda")
+    with pytest.raises(RuntimeError, match="device"):
+        net(torch.randn(2, 4))

@@ -1,0 +1,207 @@
+"""NoisyLinear: initialisation, factorised noise, in-place buffers, devices and dtypes."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICES, OpRecorder
+
+from agent.noisy import NoisyLinear, noise_disabled, noisy_layers, reset_noise, set_noise
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_init_ranges(device: str) -> None:
+    torch.manual_seed(0)
+    layer = NoisyLinear(50, 30, sigma0=0.4, device=device)
+    bound = 1 / math.sqrt(50)
+    for mu in (layer.weight_mu, layer.bias_mu):
+        assert mu.min() >= -bound and mu.max() <= bound
+        # Uniform over the whole range, not a constant or a narrow band.
+        assert mu.max() - mu.min() > bound
+    torch.testing.assert_close(layer.weight_sigma, torch.full_like(layer.weight_sigma, 0.4 * bound))
+    torch.testing.assert_close(layer.bias_sigma, torch.full_like(layer.bias_sigma, 0.4 * bound))
+    assert {n for n, _ in layer.named_parameters()} == {
+        "weight_mu",
+        "weight_sigma",
+        "bias_mu",
+        "bias_sigma",
+    }
+
+
+def test_noise_is_factorised_rank_one() -> None:
+    layer = NoisyLinear(7, 5)
+    layer.reset_noise()
+    eps_w = layer.weight_epsilon
+    assert torch.linalg.matrix_rank(eps_w) == 1
+    # The bias noise is the output factor; the weight noise is its outer product
+    # with the input factor.
+    torch.testing.assert_close(layer.bias_epsilon, layer.epsilon_out)
+    torch.testing.assert_close(eps_w, torch.outer(layer.epsilon_out, layer.epsilon_in))
+    # Each factor is f(x) = sgn(x) sqrt(|x|): its square is |x|, so f(x)^2 is folded-normal.
+    assert (layer.epsilon_in.abs() > 0).all()
+
+
+def test_noise_statistics_match_f_of_standard_normal() -> None:
+    layer = NoisyLinear(20_000, 1)
+    gen = torch.Generator().manual_seed(1)
+    layer.reset_noise(gen)
+    e = layer.epsilon_in
+    # E[f(x)^2] = E|x| = sqrt(2/pi) for x ~ N(0, 1); f is odd, so E[f(x)] = 0.
+    assert abs(e.pow(2).mean().item() - math.sqrt(2 / math.pi)) < 0.02
+    assert abs(e.mean().item()) < 0.02
+    # E[f(x)^4] = E[x^2] = 1.
+    assert abs(e.pow(4).mean().item() - 1.0) < 0.05
+
+
+def test_reset_noise_is_fresh_and_keeps_addresses() -> None:
+    layer = NoisyLinear(6, 4)
+    buffers = dict(layer.named_buffers())
+    ptrs = {n: b.data_ptr() for n, b in buffers.items()}
+    before = {n: b.clone() for n, b in buffers.items()}
+    layer.reset_noise()
+    for name, buf in layer.named_buffers():
+        assert buf is buffers[name], f"{name} was reassigned"
+        assert buf.data_ptr() == ptrs[name], f"{name} moved"
+        assert not torch.equal(buf, before[name]), f"{name} was not resampled"
+
+
+def test_generator_makes_noise_reproducible() -> None:
+    a, b = NoisyLinear(5, 3), NoisyLinear(5, 3)
+    a.reset_noise(torch.Generator().manual_seed(7))
+    b.reset_noise(torch.Generator().manual_seed(7))
+    torch.testing.assert_close(a.weight_epsilon, b.weight_epsilon, rtol=0, atol=0)
+
+
+def test_forward_matches_formula_and_gradients_reach_mu_and_sigma() -> None:
+    torch.manual_seed(0)
+    layer = NoisyLinear(5, 3)
+    x = torch.randn(8, 5)
+    y = layer(x)
+    w = layer.weight_mu + layer.weight_sigma * torch.outer(layer.epsilon_out, layer.epsilon_in)
+    b = layer.bias_mu + layer.bias_sigma * layer.epsilon_out
+    torch.testing.assert_close(y, x @ w.T + b)
+    y.square().sum().backward()
+    for p in layer.parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_noise_off_is_the_mean_linear_map_and_deterministic() -> None:
+    layer = NoisyLinear(5, 3)
+    x = torch.randn(4, 5)
+    with noise_disabled(layer):
+        y1 = layer(x)
+        layer.reset_noise()
+        y2 = layer(x)
+        # Independent of train()/eval().
+        layer.eval()
+        y3 = layer(x)
+    torch.testing.assert_close(y1, F.linear(x, layer.weight_mu, layer.bias_mu))
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    torch.testing.assert_close(y1, y3, rtol=0, atol=0)
+    assert layer.noise_enabled, "the context manager restores the switch"
+    assert not torch.allclose(layer(x), y1)
+
+
+def test_set_noise_and_helpers_cover_a_whole_network() -> None:
+    net = torch.nn.Sequential(NoisyLinear(3, 4), torch.nn.ReLU(), NoisyLinear(4, 2))
+    assert len(noisy_layers(net)) == 2
+    set_noise(net, False)
+    assert not any(m.noise_enabled for m in noisy_layers(net))
+    set_noise(net, True)
+    before = [m.weight_epsilon.clone() for m in noisy_layers(net)]
+    reset_noise(net)
+    assert all(
+        not torch.equal(b, m.weight_epsilon) for b, m in zip(before, noisy_layers(net), strict=True)
+    )
+
+
+def test_state_dict_round_trip() -> None:
+    src = NoisyLinear(4, 3)
+    buf = io.BytesIO()
+    torch.save(src.state_dict(), buf)
+    buf.seek(0)
+    dst = NoisyLinear(4, 3)
+    ptrs = {n: t.data_ptr() for n, t in dst.state_dict().items()}
+    dst.load_state_dict(torch.load(buf, weights_only=True))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(dst(x), src(x), rtol=0, atol=0)
+    # load_state_dict copies in place: a captured graph would stay valid.
+    assert {n: t.data_ptr() for n, t in dst.state_dict().items()} == ptrs
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_dtype_is_kept_everywhere(dtype: torch.dtype) -> None:
+    layer = NoisyLinear(6, 4, dtype=dtype)
+    layer.reset_noise()
+    y = layer(torch.randn(3, 6, dtype=dtype))
+    assert y.dtype == dtype
+    for t in [*layer.parameters(), *layer.buffers()]:
+        assert t.dtype == dtype
+    moved = NoisyLinear(6, 4).to(dtype)
+    moved.reset_noise()
+    assert all(b.dtype == dtype for b in moved.buffers())
+
+
+def test_meta_device_proves_no_hard_coded_device() -> None:
+    layer = NoisyLinear(6, 4).to(torch.device("meta"))
+    with OpRecorder() as rec:
+        layer.reset_noise()
+        y = layer(torch.empty(3, 6, device="meta"))
+    assert y.device.type == "meta"
+    for t in [*layer.parameters(), *layer.buffers()]:
+        assert t.device.type == "meta"
+    assert rec.ops_leaving("meta") == []
+    # Built directly on meta too.
+    direct = NoisyLinear(6, 4, device="meta")
+    direct.reset_noise()
+    assert all(b.device.type == "meta" for b in direct.buffers())
+
+
+def test_no_host_sync_in_reset_and_forward() -> None:
+    layer = NoisyLinear(6, 4)
+    x = torch.randn(3, 6)
+    with OpRecorder() as rec:
+        layer.reset_noise()
+        layer(x)
+    assert rec.syncing_ops() == set(), rec.syncing_ops()
+    assert "aten.normal_" in rec.ops, "noise must be drawn by torch on the layer's device"
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError, match="positive sizes"):
+        NoisyLinear(0, 3)
+    with pytest.raises(ValueError, match="sigma0"):
+        NoisyLinear(3, 3, sigma0=-1.0)
+
+
+@pytest.mark.gpu
+def test_cuda_noise_is_drawn_on_cuda_and_keeps_addresses() -> None:
+    layer = NoisyLinear(8, 4, device="cuda")
+    ptrs = [b.data_ptr() for b in layer.buffers()]
+    with OpRecorder() as rec:
+        layer.reset_noise()
+        y = layer(torch.randn(2, 8, device="cuda"))
+    assert y.device.type == "cuda"
+    assert all(b.device.type == "cuda" for b in layer.buffers())
+    assert [b.data_ptr() for b in layer.buffers()] == ptrs
+    assert rec.ops_leaving("cuda") == []
+    assert rec.syncing_ops() == set()
+
+
+@pytest.mark.gpu
+def test_cuda_layer_rejects_cpu_input_loudly() -> None:
+    layer = NoisyLinear(8, 4, device="cuda")
+    with pytest.raises(RuntimeError, match="device"):
+        layer(torch.randn(2, 8))
+
+
+@pytest.mark.gpu
+def test_cuda_moved_layer_draws_noise_on_cuda() -> None:
+    layer = NoisyLinear(8, 4).to("cuda")
+    layer.reset_noise()
+    assert torch.linalg.matrix_rank(layer.weight_epsilon.double()) == 1
+    assert layer.weight_epsilon.device.type == "cuda"
