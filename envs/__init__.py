@@ -1,0 +1,19 @@
+"""Environment construction: gymnasium ids, vector envs, per-episode seeds, test envs."""
+
+from envs.make import (
+    EnvSpec,
+    check_env_id,
+    episode_seed,
+    inspect_env,
+    make_env,
+    make_vector_env,
+)
+
+__all__ = [
+    "EnvSpec",
+    "check_env_id",
+    "episode_seed",
+    "inspect_env",
+    "make_env",
+    "make_vector_env",
+]

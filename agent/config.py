@@ -1,0 +1,357 @@
+"""The one configuration dataclass, and how it is resolved from YAML files and overrides.
+
+Precedence, lowest first: ``configs/default.yaml`` < ``configs/<ENV_ID>.yaml`` (or
+``configs/atari.yaml`` for ALE ids) < ``--config FILE`` < ``--set key=value``.
+Unknown keys, wrong types and invalid values raise :class:`UserError` before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import itertools
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from agent.errors import UserError
+
+__all__ = ["CONFIG_DIR", "Config", "field_docs", "load_config", "parse_set"]
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class Config:
+    """Every hyperparameter and switch of a run. Field docs are the reference (README)."""
+
+    # --- run ---
+    env_id: str = "CartPole-v1"
+    """gymnasium environment id (any registered id, or ``module:Env-v0``)."""
+    seed: int = 1
+    """Seed of torch, numpy, Python and every environment episode."""
+    total_steps: int = 500_000
+    """Environment steps to train for (summed over vector sub-environments)."""
+    num_envs: int = 1
+    """Sub-environments stepped together in one gymnasium vector env."""
+    vector: Literal["sync", "async"] = "sync"
+    """Vector env kind: ``sync`` (one process) or ``async`` (one subprocess per env)."""
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Floating-point precision of the networks and of the replay batches."""
+    torch_threads: int = 1
+    """Intra-op threads on CPU. One is fastest for small networks and robust under load."""
+
+    # --- network ---
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    """Widths of the hidden layers of the Q head."""
+    dueling: bool = False
+    """Dueling head: Q = V + A - mean(A)."""
+    noisy_layers: Literal["all", "last", "none"] = "all"
+    """Which linear layers are noisy; ``none`` gives a plain DQN (epsilon-greedy)."""
+    sigma0: float = 0.5
+    """Initial noise scale of the noisy layers (sigma = sigma0 / sqrt(fan_in))."""
+
+    # --- exploration ---
+    exploration: Literal["noisy", "epsilon"] = "noisy"
+    """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy with the noise off."""
+    noise_interval: int = 1
+    """Acting resamples the online net's noise every this many steps (1 in the paper)."""
+    epsilon_start: float = 1.0
+    """Epsilon-greedy only: initial probability of a random action."""
+    epsilon_end: float = 0.05
+    """Epsilon-greedy only: final probability of a random action."""
+    epsilon_fraction: float = 0.1
+    """Epsilon-greedy only: fraction of total_steps over which epsilon decays linearly."""
+
+    # --- learning ---
+    buffer_size: int = 100_000
+    """Replay capacity in transitions."""
+    save_buffer: bool = False
+    """Store the replay buffer in checkpoints (needed for an exact resume; can be large)."""
+    batch_size: int = 64
+    """Transitions per gradient update."""
+    learning_starts: int = 1_000
+    """Environment steps collected before the first update."""
+    train_freq: int = 1
+    """One gradient update every this many environment steps."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    adam_eps: float = 1.5e-4
+    """Adam epsilon."""
+    gamma: float = 0.99
+    """Discount factor, in (0, 1]."""
+    n_step: int = 3
+    """n-step returns."""
+    double_dqn: bool = True
+    """Choose the bootstrap action with the online net and value it with the target net."""
+    loss: Literal["huber", "mse"] = "huber"
+    """TD loss: Huber (robust to large TD errors) or squared error."""
+    huber_delta: float = 1.0
+    """Huber loss threshold."""
+    max_grad_norm: float | None = 10.0
+    """Clip the global gradient norm to this value; null disables clipping."""
+    target_update_interval: int = 1_000
+    """Environment steps between target network updates."""
+    tau: float = 1.0
+    """Target update weight: 1 copies (hard update), < 1 is a Polyak average."""
+
+    # --- evaluation ---
+    eval_interval: int = 10_000
+    """Environment steps between noise-free evaluations (0 disables them)."""
+    eval_episodes: int = 10
+    """Episodes per periodic evaluation."""
+    confirm_episodes: int = 100
+    """Episodes of the confirming evaluation before an early stop (0: stop on the periodic one)."""
+    early_stop: bool = True
+    """Stop when the confirmed noise-free evaluation reaches target_return."""
+    target_return: float | None = None
+    """Return that counts as solved; null uses the env spec's reward_threshold."""
+
+    # --- logging and checkpoints ---
+    log_interval: int = 1_000
+    """Environment steps between TensorBoard scalar writes."""
+    checkpoint_interval: int = 25_000
+    """Environment steps between writes of checkpoints/last.pt."""
+    capture_graph: bool = True
+    """On CUDA, capture action selection in a CUDA graph."""
+
+    def validate(self) -> Config:
+        """Raise :class:`UserError` on the first invalid value; return self."""
+
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise UserError(f"invalid config: {what}")
+
+        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        need(self.total_steps > 0, f"total_steps must be > 0, got {self.total_steps}")
+        need(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
+        need(self.torch_threads >= 1, f"torch_threads must be >= 1, got {self.torch_threads}")
+        need(
+            self.device == "auto" or self.device == "cpu" or self.device.split(":")[0] == "cuda",
+            f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",
+        )
+        need(
+            len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes),
+            f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}",
+        )
+        need(self.sigma0 >= 0, f"sigma0 must be >= 0, got {self.sigma0}")
+        need(self.noise_interval >= 1, f"noise_interval must be >= 1, got {self.noise_interval}")
+        for name in ("epsilon_start", "epsilon_end"):
+            value = getattr(self, name)
+            need(0 <= value <= 1, f"{name} must be in [0, 1], got {value}")
+        need(
+            0 < self.epsilon_fraction <= 1,
+            f"epsilon_fraction must be in (0, 1], got {self.epsilon_fraction}",
+        )
+        need(
+            not (self.exploration == "noisy" and self.noisy_layers == "none"),
+            "exploration=noisy needs noisy layers: set noisy_layers to all or last, "
+            "or exploration=epsilon",
+        )
+        need(self.buffer_size >= 1, f"buffer_size must be >= 1, got {self.buffer_size}")
+        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        need(
+            self.batch_size <= self.buffer_size,
+            f"batch_size ({self.batch_size}) is larger than buffer_size ({self.buffer_size})",
+        )
+        need(
+            0 <= self.learning_starts <= self.total_steps,
+            f"learning_starts ({self.learning_starts}) must be in [0, total_steps "
+            f"({self.total_steps})]",
+        )
+        need(
+            self.learning_starts >= self.batch_size,
+            f"learning_starts ({self.learning_starts}) must be >= batch_size ({self.batch_size})",
+        )
+        need(self.train_freq >= 1, f"train_freq must be >= 1, got {self.train_freq}")
+        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}")
+        need(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}")
+        need(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}")
+        need(self.huber_delta > 0, f"huber_delta must be > 0, got {self.huber_delta}")
+        need(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}",
+        )
+        need(
+            self.target_update_interval >= 1,
+            f"target_update_interval must be >= 1, got {self.target_update_interval}",
+        )
+        need(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}")
+        need(self.eval_interval >= 0, f"eval_interval must be >= 0, got {self.eval_interval}")
+        need(self.eval_episodes >= 1, f"eval_episodes must be >= 1, got {self.eval_episodes}")
+        need(
+            self.confirm_episodes >= 0,
+            f"confirm_episodes must be >= 0, got {self.confirm_episodes}",
+        )
+        need(self.log_interval >= 1, f"log_interval must be >= 1, got {self.log_interval}")
+        need(
+            self.checkpoint_interval >= 1,
+            f"checkpoint_interval must be >= 1, got {self.checkpoint_interval}",
+        )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def field_docs() -> dict[str, str]:
+    """The docstring under each field of :class:`Config`, for ``--help`` and the README."""
+    tree = ast.parse(inspect.getsource(Config))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+_HINTS = typing.get_type_hints(Config)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    """(ok, value converted to ``tp``): ints are accepted as floats, nothing else is cast."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        for arg in typing.get_args(tp):
+            ok, out = _coerce(value, arg)
+            if ok:
+                return True, out
+        return False, None
+    if origin is Literal:
+        return value in typing.get_args(tp), value
+    if origin is list:
+        if not isinstance(value, list):
+            return False, None
+        (item_tp,) = typing.get_args(tp)
+        items = [_coerce(v, item_tp) for v in value]
+        return all(ok for ok, _ in items), [v for _, v in items]
+    if tp is type(None):
+        return value is None, None
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads "3e-4" (no dot) as a string; accept any float literal.
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False, None
+        return True, float(value)
+    if tp is str:
+        return isinstance(value, str), value
+    raise TypeError(f"unsupported config type {tp}")
+
+
+def _apply(values: dict[str, Any], source: str, into: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if key not in _HINTS:
+            close = difflib.get_close_matches(str(key), list(_HINTS), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UserError(f"unknown config key {key!r} in {source}{hint}")
+        ok, converted = _coerce(value, _HINTS[key])
+        if not ok:
+            raise UserError(
+                f"config key {key!r} in {source} must be {_type_name(_HINTS[key])}, got {value!r}"
+            )
+        into[key] = converted
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of key: value")
+    return data
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``["lr=3e-4", "hidden_sizes=[128,128]"]`` -> values parsed as YAML scalars/lists."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set expects key=value, got {item!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            raise UserError(f"--set {key}: cannot parse value {raw!r}") from None
+    return out
+
+
+def env_config_file(env_id: str, config_dir: Path = CONFIG_DIR) -> Path | None:
+    """``configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), or ``configs/atari.yaml`` for ALE ids."""
+    name = env_id.split(":", 1)[-1].replace("/", "_")
+    path = config_dir / f"{name}.yaml"
+    if path.is_file():
+        return path
+    if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
+        atari = config_dir / "atari.yaml"
+        return atari if atari.is_file() else None
+    return None
+
+
+def load_config(
+    env_id: str,
+    config_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    config_dir: Path = CONFIG_DIR,
+) -> Config:
+    """Resolve defaults < env file < ``config_file`` < ``overrides`` into a validated Config."""
+    values: dict[str, Any] = {}
+    _apply(_read_yaml(config_dir / "default.yaml"), "configs/default.yaml", values)
+    env_file = env_config_file(env_id, config_dir)
+    if env_file is not None:
+        _apply(_read_yaml(env_file), f"configs/{env_file.name}", values)
+    if config_file is not None:
+        _apply(_read_yaml(Path(config_file)), str(config_file), values)
+    _apply(overrides or {}, "--set", values)
+    values["env_id"] = env_id
+    return Config(**values).validate()
+
+
+def config_from_dict(data: dict[str, Any], source: str) -> Config:
+    """A Config from a saved mapping (a checkpoint's or a run directory's), checked like YAML."""
+    values: dict[str, Any] = {}
+    _apply(data, source, values)
+    return Config(**values).validate()

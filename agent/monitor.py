@@ -1,0 +1,113 @@
+"""TensorBoard events and the progress bar: the only place tensors become floats."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from agent.noisy import noisy_layers
+
+__all__ = ["Monitor", "noise_stats"]
+
+
+@torch.no_grad()
+def noise_stats(q_network: nn.Module) -> dict[str, float]:
+    """Per noisy layer: mean |sigma| and mean|mu| / mean|sigma| (the exploration signal).
+
+    A ratio that grows means the network is learning to ignore its noise there.
+    """
+    names = {id(m): n for n, m in q_network.named_modules()}
+    stats: dict[str, torch.Tensor] = {}
+    for layer in noisy_layers(q_network):
+        name = names[id(layer)]
+        mu = torch.cat([layer.weight_mu.abs().flatten(), layer.bias_mu.abs()]).mean()
+        sigma = torch.cat([layer.weight_sigma.abs().flatten(), layer.bias_sigma.abs()]).mean()
+        stats[f"noise/{name}/sigma_mean"] = sigma
+        stats[f"noise/{name}/mu_sigma_ratio"] = mu / sigma
+    if not stats:
+        return {}
+    values = torch.stack(list(stats.values())).tolist()  # one host read for all layers
+    return dict(zip(stats, values, strict=True))
+
+
+class Monitor:
+    """Writes scalars to TensorBoard and drives a tqdm progress bar.
+
+    Args:
+        run_dir: where the event files go.
+        total_steps: length of the bar.
+        initial_step: where the bar starts (a resumed run).
+        progress: show the bar (only when stderr is a terminal, unless forced).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        total_steps: int,
+        initial_step: int = 0,
+        progress: bool = True,
+    ) -> None:
+        # Imported here: tensorboard costs ~1 s of start-up that evaluation does not need.
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir))
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.bar = tqdm(
+            total=total_steps,
+            initial=initial_step,
+            disable=not (progress and sys.stderr.isatty()),
+            unit="step",
+            dynamic_ncols=True,
+            smoothing=0.05,
+        )
+        self._bar_step = initial_step
+        self._sps_time = time.perf_counter()
+        self._sps_step = initial_step
+
+    def episode(self, step: int, episodic_return: float, length: int) -> None:
+        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self.writer.add_scalar("charts/episodic_length", length, step)
+        self.recent_returns.append(episodic_return)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def sps(self, step: int) -> float:
+        """Environment steps per second since the previous call, logged as charts/SPS."""
+        now = time.perf_counter()
+        sps = (step - self._sps_step) / max(now - self._sps_time, 1e-9)
+        self._sps_time, self._sps_step = now, step
+        self.writer.add_scalar("charts/SPS", sps, step)
+        return sps
+
+    def progress(self, step: int, **postfix: Any) -> None:
+        if self.bar.disable:
+            return
+        self.bar.update(step - self._bar_step)
+        self._bar_step = step
+        if self.recent_returns:
+            postfix["return"] = f"{sum(self.recent_returns) / len(self.recent_returns):.1f}"
+        self.bar.set_postfix(postfix, refresh=False)
+
+    def hparams(self, config: dict[str, Any], results: dict[str, float]) -> None:
+        """Hyperparameters with the run's results (TensorBoard's HPARAMS tab)."""
+        flat = {
+            k: (v if isinstance(v, (int, float, str, bool)) else str(v))
+            for k, v in config.items()
+        }
+        clean = {k: v for k, v in results.items() if isinstance(v, float) and math.isfinite(v)}
+        self.writer.add_hparams(flat, clean, run_name=".")
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.flush()
+        self.writer.close()

@@ -1,0 +1,138 @@
+"""Build gymnasium environments and check that the agent can drive them.
+
+Vector environments run with gymnasium's ``AutoresetMode.DISABLED``: the training
+loop resets an ended sub-environment itself, with a seed derived from
+``(seed, env index, episode number)``. Two things follow:
+
+* every step the vector env returns is a real transition and ``next_obs`` is the
+  true final observation when an episode ends (no ``final_obs`` juggling, no
+  fake reset transition as in the default ``NEXT_STEP`` mode);
+* an episode is a pure function of its seed and its actions, so a resumed run
+  rebuilds the exact state of its environments by replaying the actions of the
+  current episodes (see ``agent/train.py``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from agent.errors import UserError
+
+__all__ = ["EnvSpec", "check_env_id", "episode_seed", "inspect_env", "make_env", "make_vector_env"]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the agent needs to know about an environment, as plain values."""
+
+    env_id: str
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    n_actions: int
+    reward_threshold: float | None
+    max_episode_steps: int | None
+
+
+def _is_atari_id(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or "NoFrameskip" in env_id
+
+
+def _register_atari() -> None:
+    try:
+        ale_py = importlib.import_module("ale_py")
+    except ImportError:
+        raise UserError(
+            'Atari environments need the atari extra: pip install -e ".[atari]"'
+        ) from None
+    gym.register_envs(ale_py)
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`UserError` (with close ids as suggestions) unless ``env_id`` is registered.
+
+    ``module:Env-v0`` ids import ``module`` first, as ``gymnasium.make`` does.
+    """
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(
+                f"cannot import the module of env id {env_id!r} ({e}); check the module name "
+                "before ':' and that it is installed"
+            ) from None
+    if _is_atari_id(name) and name not in gym.registry:
+        _register_atari()
+    try:
+        gym.spec(name)
+        return
+    except gym.error.Error:
+        pass
+    close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.pprint_registry()"
+    raise UserError(f"unknown environment id {env_id!r}: {hint}")
+
+
+def make_env(env_id: str, *, render_mode: str | None = None) -> gym.Env:
+    """One environment (for evaluation, and the factory of each vector sub-environment)."""
+    check_env_id(env_id)
+    return gym.make(env_id, render_mode=render_mode)
+
+
+def inspect_env(env_id: str) -> EnvSpec:
+    """Build the env once and check its spaces: Discrete actions, Box vectors or images."""
+    env = make_env(env_id)
+    try:
+        obs_space, act_space = env.observation_space, env.action_space
+        if not isinstance(act_space, gym.spaces.Discrete):
+            raise UserError(
+                f"{env_id} has a {type(act_space).__name__} action space; Noisy DQN needs a "
+                "Discrete action space: pick an environment with discrete actions"
+            )
+        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+            raise UserError(
+                f"{env_id} has the observation space {obs_space}; Noisy DQN supports Box vectors "
+                "(D,) and image stacks (C, H, W): flatten or wrap the observations first"
+            )
+        spec = env.spec
+        return EnvSpec(
+            env_id=env_id,
+            obs_shape=tuple(int(s) for s in obs_space.shape),
+            obs_dtype=np.dtype(obs_space.dtype).name,
+            n_actions=int(act_space.n),
+            reward_threshold=None if spec is None else spec.reward_threshold,
+            max_episode_steps=None if spec is None else spec.max_episode_steps,
+        )
+    finally:
+        env.close()
+
+
+def make_vector_env(env_id: str, num_envs: int, vector: str = "sync") -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``env_id`` that the caller resets itself (autoreset disabled)."""
+    if num_envs < 1:
+        raise UserError(f"num_envs must be >= 1, got {num_envs}: pass --num-envs 1 or more")
+    check_env_id(env_id)
+    fns: list[Callable[[], gym.Env]] = [lambda: gym.make(env_id) for _ in range(num_envs)]
+    mode = gym.vector.AutoresetMode.DISABLED
+    if vector == "sync":
+        return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    if vector == "async":
+        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode)
+    raise UserError(f"vector must be 'sync' or 'async', got {vector!r}: use --set vector=sync")
+
+
+def episode_seed(seed: int, env_index: int, episode: int, stream: int = 0) -> int:
+    """The reset seed of episode ``episode`` of sub-environment ``env_index``.
+
+    Independent streams per (run seed, stream, env, episode), so that a resumed
+    run can re-create any episode without replaying the ones before it, and
+    evaluation episodes (another ``stream``) never repeat training's.
+    """
+    state = np.random.SeedSequence([seed, stream, env_index, episode]).generate_state(1)
+    return int(state[0])

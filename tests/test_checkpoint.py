@@ -1,0 +1,115 @@
+"""Checkpoints: atomic writes, weights_only loads, clear errors, RNG state round trip."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from agent import checkpoint as ckpt
+from agent.errors import UserError
+
+
+def _payload(value: float = 1.0) -> dict:
+    return {
+        "env_id": "CartPole-v1",
+        "obs_shape": [4],
+        "n_actions": 2,
+        "weights": torch.full((3,), value),
+        "counters": {"global_step": 7},
+    }
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = ckpt.save_checkpoint(tmp_path / "c" / "last.pt", _payload(2.0))
+    data = ckpt.load_checkpoint(path)
+    assert data["format"] == ckpt.FORMAT and data["version"] == ckpt.VERSION
+    assert torch.equal(data["weights"], torch.full((3,), 2.0))
+    assert not list((tmp_path / "c").glob("*.tmp")), "no temporary file is left behind"
+
+
+def test_run_directory_resolves_to_last_checkpoint(tmp_path: Path) -> None:
+    ckpt.save_checkpoint(tmp_path / "checkpoints" / "last.pt", _payload(3.0))
+    assert torch.equal(ckpt.load_checkpoint(tmp_path)["weights"], torch.full((3,), 3.0))
+
+
+def test_failed_write_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = ckpt.save_checkpoint(tmp_path / "last.pt", _payload(1.0))
+
+    def full_disk(obj: object, f) -> None:  # writes half a file, then fails like ENOSPC
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        ckpt.save_checkpoint(path, _payload(9.0))
+    monkeypatch.undo()
+    assert torch.equal(ckpt.load_checkpoint(path)["weights"], torch.full((3,), 1.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no checkpoint at"):
+        ckpt.load_checkpoint(tmp_path / "nope.pt")
+    with pytest.raises(UserError, match=r"directory without checkpoints/last\.pt"):
+        ckpt.load_checkpoint(tmp_path)
+
+
+def test_truncated_or_corrupt_file(tmp_path: Path) -> None:
+    path = ckpt.save_checkpoint(tmp_path / "last.pt", _payload())
+    raw = path.read_bytes()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        ckpt.load_checkpoint(cut)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"this is not a checkpoint at all")
+    with pytest.raises(UserError, match=r"truncated or corrupt|not a Noisy DQN"):
+        ckpt.load_checkpoint(junk)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+def test_files_that_are_not_ours(tmp_path: Path) -> None:
+    other = tmp_path / "other.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, other)
+    with pytest.raises(UserError, match="not a Noisy DQN checkpoint"):
+        ckpt.load_checkpoint(other)
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": ckpt.FORMAT, "x": _Evil()}, evil, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    with pytest.raises(UserError, match="objects other than tensors"):
+        ckpt.load_checkpoint(evil)
+    old = tmp_path / "old.pt"
+    torch.save({"format": ckpt.FORMAT, "version": 999}, old)
+    with pytest.raises(UserError, match="version 999"):
+        ckpt.load_checkpoint(old)
+
+
+def test_compatibility_check_names_both_environments() -> None:
+    data = {"env_id": "CartPole-v1", "obs_shape": [4], "n_actions": 2}
+    ckpt.check_compatible(data, "CartPole-v1", (4,), 2)
+    with pytest.raises(UserError, match=r"trained on CartPole-v1.*Acrobot-v1"):
+        ckpt.check_compatible(data, "Acrobot-v1", (6,), 3)
+
+
+def test_rng_state_round_trip_through_a_weights_only_file(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    state = ckpt.get_rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    path = ckpt.save_checkpoint(tmp_path / "rng.pt", {"rng": state})
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    ckpt.set_rng_state(ckpt.load_checkpoint(path)["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

@@ -1,0 +1,130 @@
+"""Config: precedence of sources, strict keys and types, validation, field docs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.config import CONFIG_DIR, Config, field_docs, load_config, parse_set
+from agent.errors import UserError
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def config_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "configs"
+    d.mkdir()
+    _write(d / "default.yaml", {"lr": 0.001, "batch_size": 32, "total_steps": 10_000})
+    _write(d / "Toy-v0.yaml", {"lr": 0.002, "batch_size": 16})
+    _write(d / "atari.yaml", {"hidden_sizes": [512]})
+    return d
+
+
+def test_precedence_defaults_env_file_config_file_set(config_dir: Path, tmp_path: Path) -> None:
+    cfg = load_config("Toy-v0", config_dir=config_dir)
+    assert (cfg.lr, cfg.batch_size, cfg.total_steps) == (0.002, 16, 10_000)
+    user = _write(tmp_path / "mine.yaml", {"batch_size": 8, "gamma": 0.9})
+    cfg = load_config("Toy-v0", user, config_dir=config_dir)
+    assert (cfg.lr, cfg.batch_size, cfg.gamma) == (0.002, 8, 0.9)
+    cfg = load_config("Toy-v0", user, {"gamma": 0.5}, config_dir=config_dir)
+    assert cfg.gamma == 0.5 and cfg.batch_size == 8
+    assert cfg.env_id == "Toy-v0"
+    # An env without its own file gets the defaults; ALE ids share atari.yaml.
+    assert load_config("Other-v0", config_dir=config_dir).lr == 0.001
+    assert load_config("ALE/Pong-v5", config_dir=config_dir).hidden_sizes == [512]
+
+
+def test_unknown_key_is_rejected_with_a_suggestion(config_dir: Path) -> None:
+    with pytest.raises(UserError, match=r"unknown config key 'lrr' in --set \(did you mean lr\?\)"):
+        load_config("Toy-v0", overrides={"lrr": 0.1}, config_dir=config_dir)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("lr", "fast"),
+        ("batch_size", 3.5),
+        ("batch_size", True),
+        ("dueling", "yes"),
+        ("hidden_sizes", 64),
+        ("hidden_sizes", [64, "x"]),
+        ("loss", "l1"),
+        ("max_grad_norm", "none"),
+    ],
+)
+def test_wrong_types_are_rejected(config_dir: Path, key: str, value: object) -> None:
+    with pytest.raises(UserError, match=f"config key '{key}' in --set must be"):
+        load_config("Toy-v0", overrides={key: value}, config_dir=config_dir)
+
+
+def test_ints_are_accepted_for_floats_and_null_for_optionals(config_dir: Path) -> None:
+    cfg = load_config("Toy-v0", overrides={"lr": 1, "max_grad_norm": None}, config_dir=config_dir)
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.max_grad_norm is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"lr": 0.0}, "lr must be > 0"),
+        ({"gamma": 0.0}, r"gamma must be in \(0, 1\]"),
+        ({"gamma": 1.5}, r"gamma must be in \(0, 1\]"),
+        ({"batch_size": 64, "buffer_size": 32}, "larger than buffer_size"),
+        ({"n_step": 0}, "n_step must be >= 1"),
+        ({"learning_starts": 20_000}, "learning_starts"),
+        ({"tau": 0.0}, "tau"),
+        ({"device": "tpu"}, "device"),
+        ({"exploration": "noisy", "noisy_layers": "none"}, "needs noisy layers"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_invalid_values_are_rejected(config_dir: Path, overrides: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        load_config("Toy-v0", overrides=overrides, config_dir=config_dir)
+
+
+def test_bad_files(tmp_path: Path, config_dir: Path) -> None:
+    with pytest.raises(UserError, match="cannot read config file"):
+        load_config("Toy-v0", tmp_path / "missing.yaml", config_dir=config_dir)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [1,\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config("Toy-v0", bad, config_dir=config_dir)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(UserError, match="mapping"):
+        load_config("Toy-v0", listy, config_dir=config_dir)
+
+
+def test_parse_set_reads_yaml_values(config_dir: Path) -> None:
+    # YAML 1.1 reads 3e-4 (no dot) as a string; float keys still accept it.
+    assert load_config("Toy-v0", overrides=parse_set(["lr=3e-4"]), config_dir=config_dir).lr == 3e-4
+    assert parse_set(["lr=0.1", "hidden_sizes=[128, 128]", "dueling=true", "target_return="]) == {
+        "lr": 0.1,
+        "hidden_sizes": [128, 128],
+        "dueling": True,
+        "target_return": None,
+    }
+    with pytest.raises(UserError, match="key=value"):
+        parse_set(["lr"])
+
+
+def test_every_field_has_a_doc_and_the_shipped_defaults_are_complete() -> None:
+    docs = field_docs()
+    names = [f.name for f in dataclasses.fields(Config)]
+    assert sorted(docs) == sorted(names)
+    assert all(len(doc) > 10 for doc in docs.values())
+    shipped = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())
+    assert sorted(shipped) == sorted(n for n in names if n != "env_id")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_config_files_load(path: Path) -> None:
+    env_id = path.stem if path.stem not in ("default", "atari") else "CartPole-v1"
+    load_config(env_id, path)
