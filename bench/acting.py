@@ -1,0 +1,221 @@
+"""Benchmark: microseconds per action, eager torch vs ActionSelector, on CPU and GPU.
+
+    python bench/acting.py            # full run (about a minute on CPU)
+    python bench/acting.py --quick    # short run
+
+For each device (CPU always, CUDA when present), network (a 4-64-64-2 MLP as for
+CartPole, plain and noisy; on GPU also an Atari-shaped Nature-CNN) and batch size
+(num_envs 1 and 8), it times single calls of
+
+* eager: what a plain training loop does per step, under ``torch.inference_mode()``:
+  observation to the device, ``reset_noise()`` if the network is noisy, forward,
+  argmax, actions back to a numpy array;
+* selector: ``ActionSelector(...)(obs)`` with the same network (fresh noise every
+  step when noisy; the CUDA graph on GPU, the numpy forward on CPU);
+
+and reports the median over many calls, taken as the median over several repeats
+(eager and selector repeats interleaved, so drift hits both), and the ratios. One
+torch thread, as training uses on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
+
+from agent.acting import ActionSelector
+from agent.networks import QNetwork
+
+MLP_SHAPE = (4,)
+CNN_SHAPE = (4, 84, 84)
+
+
+def time_calls(fn: Callable[[], object], calls: int) -> float:
+    """Median microseconds of ``calls`` single calls."""
+    times = []
+    clock = time.perf_counter_ns
+    for _ in range(calls):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    return statistics.median(times) / 1000.0
+
+
+def eager_actor(
+    q_network: QNetwork, device: torch.device, noisy: bool
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The straightforward per-step action code of a training loop, for comparison."""
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            x = torch.as_tensor(obs, device=device)
+            if noisy:
+                q_network.reset_noise()
+            return q_network(x).argmax(dim=1).cpu().numpy()
+
+    return act
+
+
+def make_obs(shape: tuple[int, ...], num_envs: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A small pool of observations in the env's dtype, cycled through by the calls."""
+    if len(shape) == 3:
+        return [rng.integers(0, 256, (num_envs, *shape), dtype=np.uint8) for _ in range(8)]
+    return [rng.standard_normal((num_envs, *shape)).astype(np.float32) for _ in range(8)]
+
+
+def make_case(device: torch.device, shape: tuple[int, ...], noisy: bool, num_envs: int) -> dict:
+    """One benchmark case: the two runners (eager, selector) and what to report about them."""
+    torch.manual_seed(0)
+    cnn = len(shape) == 3
+    q_network = QNetwork(
+        shape,
+        6 if cnn else 2,
+        (512,) if cnn else (64, 64),
+        noisy_layers="all" if noisy else "none",
+    ).to(device)
+    pool = make_obs(shape, num_envs, np.random.default_rng(0))
+    eager = eager_actor(q_network, device, noisy)
+    selector = ActionSelector(q_network, shape, num_envs, device, noise=True)
+    counter = [0]
+
+    def next_obs() -> np.ndarray:
+        counter[0] += 1
+        return pool[counter[0] % len(pool)]
+
+    return {
+        "device": device.type,
+        "network": ("Nature-CNN 4x84x84" if cnn else "MLP 4-64-64-2")
+        + (" noisy" if noisy else " plain"),
+        "noisy": noisy,
+        "cnn": cnn,
+        "num_envs": num_envs,
+        "selector": selector,
+        "runners": {
+            "eager": lambda: eager(next_obs()),
+            "selector": lambda: selector(next_obs()),
+        },
+        "medians": {"eager": [], "selector": []},
+    }
+
+
+def run_cases(cases: list[dict], calls: int, repeats: int, warmup: int) -> None:
+    """Warm up every runner, then time them all once per repeat, interleaved.
+
+    Interleaving every case in every repeat keeps slow drift of a shared machine from
+    landing on one case only, so ratios across cases stay meaningful.
+    """
+    for case in cases:
+        for run in case["runners"].values():  # warm-up (and capture, for the selector)
+            for _ in range(warmup):
+                run()
+    for _ in range(repeats):
+        for case in cases:
+            for name, run in case["runners"].items():
+                case["medians"][name].append(time_calls(run, calls))
+    for case in cases:
+        for name in ("eager", "selector"):
+            case[f"{name}_us"] = statistics.median(case["medians"][name])
+        selector = case["selector"]
+        case["backend"] = selector.backend + (" (captured)" if selector.captured else "")
+        case["spread"] = " / ".join(
+            f"{min(case['medians'][name]):.1f}-{max(case['medians'][name]):.1f}"
+            for name in ("eager", "selector")
+        )
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    parts = [f"CPU: {cpu} ({torch.get_num_threads()} torch thread(s))"]
+    if torch.cuda.is_available():
+        parts.append(f"GPU: {torch.cuda.get_device_name()}")
+    parts.append(
+        f"torch {torch.__version__}, numpy {np.__version__}, Python {platform.python_version()}"
+    )
+    return "; ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls and repeats")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as in training on CPU
+    calls, repeats, warmup = (300, 3, 50) if args.quick else (3000, 7, 300)
+
+    devices = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        devices.append(torch.device("cuda"))
+    rows = []
+    for device in devices:
+        shapes = [MLP_SHAPE] + ([CNN_SHAPE] if device.type == "cuda" else [])
+        cases = [
+            make_case(device, shape, noisy, num_envs)
+            for shape in shapes
+            for noisy in (False, True)
+            for num_envs in (1, 8)
+        ]
+        run_cases(cases, calls, repeats, warmup)
+        for row in cases:
+            print(
+                f"  {row['device']:4} {row['network']:26} n={row['num_envs']}: "
+                f"eager {row['eager_us']:8.1f} us, selector {row['selector_us']:8.1f} us",
+                file=sys.stderr,
+            )
+        rows += cases
+
+    print(f"Machine: {machine()}")
+    print(f"Calls: medians of {calls} single calls, median over {repeats} repeats\n")
+    print(
+        "| device | network | num_envs | eager torch (µs) | selector (µs) | selector backend "
+        "| eager / selector | spread of repeat medians (eager / selector) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['device']} | {r['network']} | {r['num_envs']} | {r['eager_us']:.1f} "
+            f"| {r['selector_us']:.1f} | {r['backend']} | {r['eager_us'] / r['selector_us']:.2f}x "
+            f"| {r['spread']} |"
+        )
+    print()
+    for device in devices:
+        for num_envs in (1, 8):
+            sel = {
+                (r["noisy"], r["cnn"]): r
+                for r in rows
+                if r["device"] == device.type and r["num_envs"] == num_envs
+            }
+            noisy_sel = sel[(True, False)]["selector_us"]
+            plain_eager = sel[(False, False)]["eager_us"]
+            print(
+                f"- {device.type}, num_envs={num_envs}: noisy selector / plain eager forward = "
+                f"{noisy_sel / plain_eager:.2f} (CPU target <= 1.5); "
+                f"noisy eager / noisy selector = "
+                f"{sel[(True, False)]['eager_us'] / noisy_sel:.2f}x"
+                + (
+                    f"; CNN noisy eager / selector = "
+                    f"{sel[(True, True)]['eager_us'] / sel[(True, True)]['selector_us']:.2f}x "
+                    "(GPU target >= 3)"
+                    if (True, True) in sel
+                    else ""
+                )
+            )
+
+
+if __name__ == "__main__":
+    main()
