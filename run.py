@@ -1,7 +1,276 @@
-"""Noisy DQN command line: train, evaluate, resume."""
+"""Noisy DQN command line: train, evaluate a saved policy, resume an interrupted run.
 
+    python run.py --env CartPole-v1                       train with configs/ defaults
+    python run.py --env CartPole-v1 --eval RUN/checkpoints/best.pt
+    python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
+
+Every user error ends in one line naming the problem and the fix, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line instead of argparse's usage block.
+        self.exit(EXIT_USER_ERROR, f"error: {message} (see python run.py --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python run.py",
+        description="Train, evaluate or resume a Noisy-Network DQN agent on a gymnasium env.",
+        epilog="Configuration keys for --set are listed by --list-config and in README.md.",
+    )
+    p.add_argument(
+        "--env", metavar="ENV_ID", help="gymnasium id, e.g. CartPole-v1 or module:Env-v0"
+    )
+    train = p.add_argument_group("training")
+    train.add_argument("--config", metavar="FILE", help="YAML file of config overrides")
+    train.add_argument(
+        "--seed",
+        type=int,
+        help="training: seed of everything (config key seed); --eval: seed of its episodes",
+    )
+    train.add_argument("--total-steps", type=int, metavar="N", help="environment steps to train")
+    train.add_argument("--num-envs", type=int, metavar="N", help="vector sub-environments")
+    train.add_argument("--device", metavar="DEV", help="auto (default), cpu, cuda or cuda:N")
+    train.add_argument("--run-dir", metavar="DIR", help="default runs/<env>__<seed>__<time>")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (YAML value), repeatable: --set lr=3e-4",
+    )
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue RUN_DIR from checkpoints/last.pt"
+    )
+    train.add_argument(
+        "--list-config", action="store_true", help="print every config key with its doc and exit"
+    )
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--eval", metavar="CHECKPOINT", help="evaluate a saved policy (a .pt file)")
+    ev.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (default 10)")
+    ev.add_argument(
+        "--noise",
+        choices=["on", "off"],
+        default="off",
+        help="act with the noisy weights or the mean weights (default off)",
+    )
+    ev.add_argument("--video", metavar="DIR", help="record mp4 files here (needs the video extra)")
+    ev.add_argument("--json", action="store_true", help="end with one JSON line of the results")
+    return p
+
+
+def list_config() -> int:
+    from agent.config import Config, field_docs
+
+    docs = field_docs()
+    defaults = Config()
+    for name, doc in docs.items():
+        print(f"{name} = {getattr(defaults, name)!r}\n    {doc}")
+    return 0
+
+
+def default_run_dir(env_id: str, seed: int) -> Path:
+    name = env_id.split(":", 1)[-1].replace("/", "_")
+    return Path("runs") / f"{name}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from agent.config import load_config, parse_set
+
+    if not args.env:
+        _user_error("--env is required to train: e.g. python run.py --env CartPole-v1")
+    overrides: dict[str, Any] = parse_set(args.set)
+    for flag, key in (
+        ("seed", "seed"),
+        ("total_steps", "total_steps"),
+        ("num_envs", "num_envs"),
+        ("device", "device"),
+    ):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    from envs import check_env_id
+
+    check_env_id(args.env)
+    cfg = load_config(args.env, args.config, overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.env, cfg.seed)
+    if (run_dir / "checkpoints" / "last.pt").exists():
+        _user_error(
+            f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
+            "or pass another --run-dir"
+        )
+    return _run_training(cfg, run_dir, None, progress=not args.no_progress)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from agent.checkpoint import load_checkpoint
+    from agent.config import config_from_dict
+
+    for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
+        if getattr(args, flag) is not None:
+            _user_error(f"--{flag.replace('_', '-')} cannot change a resumed run: drop it")
+    if args.set:
+        _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
+    run_dir = Path(args.resume)
+    data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    if args.env and args.env != data["env_id"]:
+        _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
+    saved = dict(data["config"])
+    if args.total_steps is not None:
+        saved["total_steps"] = args.total_steps
+    if args.device is not None:
+        saved["device"] = args.device
+    cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
+    step = int(data["counters"]["global_step"])
+    if step >= cfg.total_steps:
+        _user_error(
+            f"{run_dir} already ran {step} of its {cfg.total_steps} steps: pass --total-steps "
+            "with a larger number to train on"
+        )
+    print(f"resuming {run_dir} at step {step}")
+    return _run_training(cfg, run_dir, data, progress=not args.no_progress)
+
+
+def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> int:
+    from agent.learner import NonFiniteError
+    from agent.train import train
+
+    try:
+        result = train(cfg, run_dir, checkpoint=checkpoint, progress=progress)
+    except NonFiniteError as e:
+        print(
+            f"error: training diverged ({e}); {run_dir}/checkpoints/last.pt keeps the last good "
+            "state: lower lr or set max_grad_norm",
+            file=sys.stderr,
+        )
+        return 1
+    if result.status == "interrupted":
+        print(
+            f"interrupted at step {result.global_step}; saved {run_dir}/checkpoints/last.pt\n"
+            f"resume with: python run.py --resume {run_dir}"
+        )
+        return EXIT_INTERRUPTED
+    final = result.final_eval_return
+    final_text = "n/a" if final is None else f"{final:.1f}"
+    solved = (
+        f"solved at step {result.solved_step}" if result.solved_step is not None else "not solved"
+    )
+    print(
+        f"{result.status}: {result.global_step} steps in {result.wall_time_s:.1f} s, {solved}, "
+        f"final noise-free return {final_text}\n"
+        f"evaluate with: python run.py --env {cfg.env_id} --eval {run_dir}/checkpoints/last.pt"
+    )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from agent.acting import ActionSelector
+    from agent.checkpoint import check_compatible, load_checkpoint
+    from agent.config import config_from_dict
+    from agent.evaluate import run_episodes
+    from agent.networks import QNetwork
+    from agent.train import resolve_device
+    from envs import inspect_env, make_env
+
+    if not args.env:
+        _user_error("--env is required with --eval: the environment to evaluate on")
+    if args.episodes < 1:
+        _user_error(f"--episodes must be >= 1, got {args.episodes}")
+    data = load_checkpoint(args.eval)
+    spec = inspect_env(args.env)
+    check_compatible(data, args.env, spec.obs_shape, spec.n_actions)
+    cfg = config_from_dict(dict(data["config"]), str(args.eval))
+    device = resolve_device(args.device or "auto")
+    torch.set_num_threads(1)
+    q_network = QNetwork(
+        spec.obs_shape,
+        spec.n_actions,
+        cfg.hidden_sizes,
+        noisy_layers=cfg.noisy_layers,
+        sigma0=cfg.sigma0,
+        dueling=cfg.dueling,
+        device=device,
+        dtype=getattr(torch, cfg.dtype),
+    )
+    q_network.load_state_dict(data["q_network"])
+    env = make_env(args.env, render_mode="rgb_array" if args.video else None)
+    if args.video:
+        try:
+            import moviepy  # noqa: F401  (RecordVideo needs it)
+        except ImportError:
+            _user_error('--video needs the video extra: pip install -e ".[video]"')
+        from gymnasium.wrappers import RecordVideo
+
+        env = RecordVideo(env, args.video, episode_trigger=lambda _: True, disable_logger=True)
+    seed = cfg.seed if args.seed is None else args.seed
+    torch.manual_seed(seed)
+    selector = ActionSelector(q_network, spec.obs_shape, 1, device, noise=args.noise == "on")
+    result = run_episodes(selector, env, args.episodes, seed=seed, stream=2)
+    env.close()
+    print(
+        f"{args.env}: mean return {result.mean:.2f} +/- {result.std:.2f} over {args.episodes} "
+        f"episodes (noise {args.noise}, checkpoint {args.eval})"
+    )
+    if args.video:
+        print(f"videos written to {args.video}")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "env": args.env,
+                    "episodes": args.episodes,
+                    "mean_return": result.mean,
+                    "std_return": result.std,
+                    "min_return": float(result.returns.min()),
+                    "max_return": float(result.returns.max()),
+                    "mean_length": float(result.lengths.mean()),
+                    "noise": args.noise,
+                    "checkpoint": str(args.eval),
+                    "trained_steps": int(data["counters"]["global_step"]),
+                }
+            )
+        )
+    return 0
+
+
+def _user_error(message: str) -> NoReturn:
+    from agent.errors import UserError
+
+    raise UserError(message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from agent.errors import UserError
+
+    try:
+        if args.list_config:
+            return list_config()
+        if args.resume:
+            return cmd_resume(args)
+        if args.eval:
+            return cmd_eval(args)
+        return cmd_train(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
 
 if __name__ == "__main__":
-    print("run.py: training is not implemented yet", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(main())

@@ -82,6 +82,8 @@ def check_env_id(env_id: str) -> None:
 def make_env(env_id: str, *, render_mode: str | None = None) -> gym.Env:
     """One environment (for evaluation, and the factory of each vector sub-environment)."""
     check_env_id(env_id)
+    if render_mode is None:
+        return gym.make(env_id)
     return gym.make(env_id, render_mode=render_mode)
 
 

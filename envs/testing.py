@@ -26,8 +26,9 @@ __all__ = ["CueEnv"]
 class CueEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
 
-    def __init__(self, length: int = 5) -> None:
+    def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
         self.length = int(length)
+        self.render_mode = render_mode
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self._t = 0

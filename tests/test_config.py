@@ -128,3 +128,9 @@ def test_every_field_has_a_doc_and_the_shipped_defaults_are_complete() -> None:
 def test_shipped_config_files_load(path: Path) -> None:
     env_id = path.stem if path.stem not in ("default", "atari") else "CartPole-v1"
     load_config(env_id, path)
+
+
+def test_readme_documents_every_config_key() -> None:
+    readme = (CONFIG_DIR.parent / "README.md").read_text()
+    missing = [f.name for f in dataclasses.fields(Config) if f"| `{f.name}` |" not in readme]
+    assert missing == [], f"README's configuration table lacks {missing}"

@@ -1,0 +1,387 @@
+"""End to end: training writes what it promises, resumes exactly, evaluates, fails clearly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import run
+from agent.checkpoint import load_checkpoint, save_checkpoint
+from agent.config import load_config
+from agent.train import train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A short CartPole run: learning, evaluation, logging and checkpoints all happen.
+SHORT = {
+    "total_steps": 2_000,
+    "learning_starts": 200,
+    "train_freq": 2,
+    "buffer_size": 5_000,
+    "eval_interval": 1_000,
+    "eval_episodes": 2,
+    "confirm_episodes": 3,
+    "early_stop": False,
+    "log_interval": 500,
+    "checkpoint_interval": 1_000,
+    "device": "cpu",
+}
+
+
+def _events(run_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def _returns(run_dir: Path) -> list[tuple[int, float]]:
+    return [(e.step, e.value) for e in _events(run_dir).Scalars("charts/episodic_return")]
+
+
+def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "run.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_short_training_writes_events_checkpoints_and_result(tmp_path: Path) -> None:
+    cfg = load_config("CartPole-v1", overrides=SHORT)
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    run_dir = tmp_path / "run"
+    assert result.status == "finished" and result.global_step == 2_000
+    assert result.updates == (2_000 - 200) // 2 + 1
+    tags = set(_events(run_dir).Tags()["scalars"])
+    for tag in (
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/SPS",
+        "losses/td_loss",
+        "losses/q_values",
+        "eval/mean_return",
+        "noise/head.0/sigma_mean",
+        "noise/head.0/mu_sigma_ratio",
+        "noise/head.4/sigma_mean",
+    ):
+        assert tag in tags, tag
+    # Episode returns of CartPole are episode lengths.
+    acc = _events(run_dir)
+    returns = [e.value for e in acc.Scalars("charts/episodic_return")]
+    lengths = [e.value for e in acc.Scalars("charts/episodic_length")]
+    assert returns == lengths and sum(lengths) <= 2_000
+    for name in ("last.pt", "best.pt"):
+        data = load_checkpoint(run_dir / "checkpoints" / name)
+        assert data["env_id"] == "CartPole-v1"
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["counters"]["global_step"] == 2_000
+    saved = json.loads((run_dir / "result.json").read_text())
+    assert saved["status"] == "finished" and len(saved["eval_curve"]) == 2
+    assert saved["final_eval_return"] is not None
+    assert load_config("CartPole-v1", run_dir / "config.yaml").lr == cfg.lr
+
+
+def test_resume_continues_exactly_where_it_stopped(tmp_path: Path) -> None:
+    """train 2N == train N, resume, train N: same parameters, same logged returns."""
+    overrides = {**SHORT, "save_buffer": True, "eval_interval": 700, "checkpoint_interval": 10_000}
+    straight = load_config("CartPole-v1", overrides={**overrides, "total_steps": 2_400})
+    train(straight, tmp_path / "a", progress=False, echo=lambda _: None)
+
+    first = load_config("CartPole-v1", overrides={**overrides, "total_steps": 1_200})
+    train(first, tmp_path / "b", progress=False, echo=lambda _: None)
+    data = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    # The checkpoint was taken mid-episode: the resumed run must rebuild that episode.
+    assert any(len(a) > 0 for a in data["envs"]["ep_actions"])
+    train(straight, tmp_path / "b", checkpoint=data, progress=False, echo=lambda _: None)
+
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    for key in a["q_network"]:
+        assert torch.equal(a["q_network"][key], b["q_network"][key]), key
+    assert a["counters"] == b["counters"]
+    assert _returns(tmp_path / "a") == _returns(tmp_path / "b")
+    result_a = json.loads((tmp_path / "a" / "result.json").read_text())
+    result_b = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert result_a["eval_curve"] == result_b["eval_curve"]
+
+
+def test_same_seed_same_run(tmp_path: Path) -> None:
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_000, "eval_interval": 0})
+    train(cfg, tmp_path / "a", progress=False, echo=lambda _: None)
+    train(cfg, tmp_path / "b", progress=False, echo=lambda _: None)
+    assert _returns(tmp_path / "a") == _returns(tmp_path / "b")
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["q_network"]
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")["q_network"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_early_stop_on_a_confirmed_evaluation(tmp_path: Path) -> None:
+    # Cue-v0 pays 1 per matching action over 5 steps; its reward threshold is 4.5.
+    cfg = load_config(
+        "envs.testing:NoisyDQN/Cue-v0",
+        overrides={
+            **SHORT,
+            "total_steps": 6_000,
+            "early_stop": True,
+            "eval_interval": 250,
+            "eval_episodes": 10,
+            "confirm_episodes": 20,
+            "target_update_interval": 100,
+            "n_step": 1,
+            "gamma": 0.5,
+        },
+    )
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.status == "solved", result
+    assert result.solved_step is not None and result.solved_step < 6_000
+    assert result.final_eval_return is not None and result.final_eval_return >= 4.5
+    assert result.target_return == 4.5
+
+
+def test_epsilon_greedy_baseline_trains(tmp_path: Path) -> None:
+    cfg = load_config(
+        "CartPole-v1",
+        overrides={
+            **SHORT,
+            "exploration": "epsilon",
+            "noisy_layers": "none",
+            "eval_interval": 0,
+            "epsilon_fraction": 0.5,  # decays over the first 1,000 of 2,000 steps
+        },
+    )
+    train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    tags = _events(tmp_path / "run").Tags()["scalars"]
+    assert "charts/epsilon" in tags
+    assert not any(t.startswith("noise/") for t in tags)
+    eps = [e.value for e in _events(tmp_path / "run").Scalars("charts/epsilon")]
+    assert eps[0] > eps[1] > eps[-1]
+    assert eps[-1] == pytest.approx(0.05)
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_000, "eval_interval": 0})
+    train(cfg, run_dir, progress=False, echo=lambda _: None)
+    return run_dir / "checkpoints" / "last.pt"
+
+
+def test_eval_json_round_trip(trained_checkpoint: Path) -> None:
+    proc = _run_cli(
+        "--env",
+        "CartPole-v1",
+        "--eval",
+        str(trained_checkpoint),
+        "--episodes",
+        "3",
+        "--json",
+        "--device",
+        "cpu",
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["env"] == "CartPole-v1" and report["episodes"] == 3
+    assert report["checkpoint"] == str(trained_checkpoint) and report["noise"] == "off"
+    assert report["min_return"] <= report["mean_return"] <= report["max_return"]
+    assert "mean return" in proc.stdout
+
+
+def test_eval_noise_on_differs_from_noise_off(
+    trained_checkpoint: Path, capsys: pytest.CaptureFixture
+) -> None:
+    reports = {}
+    for noise in ("off", "on"):
+        for _ in range(2):
+            args = [
+                "--env",
+                "CartPole-v1",
+                "--eval",
+                str(trained_checkpoint),
+                "--episodes",
+                "5",
+                "--json",
+                "--device",
+                "cpu",
+                "--noise",
+                noise,
+                "--seed",
+                "3",
+            ]
+            assert run.main(args) == 0
+            out = capsys.readouterr().out.strip().splitlines()[-1]
+            reports.setdefault(noise, []).append(json.loads(out)["mean_length"])
+    # Noise off is deterministic for a seed; noise changes what the policy does.
+    assert reports["off"][0] == reports["off"][1]
+    assert reports["on"] != reports["off"]
+
+
+def _one_line_error(code: int, err: str, pattern: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert pattern in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["--env", "CartPol-v1"], "did you mean CartPole-v1"),
+        (["--env", "Pendulum-v1"], "Discrete action space"),
+        (["--env", "Blackjack-v1"], "observation space"),
+        (["--env", "CartPole-v1", "--set", "lrr=0.1"], "unknown config key 'lrr'"),
+        (["--env", "CartPole-v1", "--set", "lr=-1"], "lr must be > 0"),
+        (["--env", "CartPole-v1", "--set", "batch_size=big"], "must be int"),
+        (["--env", "CartPole-v1", "--set", "lr"], "key=value"),
+        (["--env", "CartPole-v1", "--config", "/nonexistent.yaml"], "cannot read config"),
+        (["--env", "CartPole-v1", "--eval", "/nonexistent.pt"], "no checkpoint at"),
+        (["--env", "CartPole-v1", "--total-steps", "ten"], "invalid int value"),
+        (["--resume", "/nonexistent-run"], "no checkpoint at"),
+        ([], "--env is required"),
+    ],
+)
+def test_user_errors_end_in_one_line(
+    args: list[str], pattern: str, capsys: pytest.CaptureFixture
+) -> None:
+    try:
+        code = run.main(args)
+    except SystemExit as e:  # argparse's own errors exit from inside parse_args
+        code = e.code
+    _one_line_error(code, capsys.readouterr().err, pattern)
+
+
+def test_checkpoint_errors(
+    tmp_path: Path, trained_checkpoint: Path, capsys: pytest.CaptureFixture
+) -> None:
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"model": torch.zeros(2)}, foreign)
+    truncated = tmp_path / "cut.pt"
+    truncated.write_bytes(trained_checkpoint.read_bytes()[:5_000])
+    cases = [
+        (["--env", "CartPole-v1", "--eval", str(foreign)], "not a Noisy DQN checkpoint"),
+        (["--env", "CartPole-v1", "--eval", str(truncated)], "truncated or corrupt"),
+        (["--env", "Acrobot-v1", "--eval", str(trained_checkpoint)], "trained on CartPole-v1"),
+        (
+            ["--env", "CartPole-v1", "--eval", str(trained_checkpoint), "--episodes", "0"],
+            "--episodes",
+        ),
+    ]
+    for args, pattern in cases:
+        _one_line_error(run.main(args), capsys.readouterr().err, pattern)
+
+
+def test_run_dir_errors(
+    tmp_path: Path, trained_checkpoint: Path, capsys: pytest.CaptureFixture
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code = run.main(["--env", "CartPole-v1", "--run-dir", str(blocker / "run")])
+    _one_line_error(code, capsys.readouterr().err, "cannot write the run directory")
+    existing = trained_checkpoint.parent.parent
+    code = run.main(["--env", "CartPole-v1", "--run-dir", str(existing)])
+    _one_line_error(code, capsys.readouterr().err, "already holds a run")
+    code = run.main(["--resume", str(existing)])
+    _one_line_error(code, capsys.readouterr().err, "--total-steps")
+    if not torch.cuda.is_available():
+        code = run.main(
+            ["--env", "CartPole-v1", "--device", "cuda", "--run-dir", str(tmp_path / "c")]
+        )
+        _one_line_error(code, capsys.readouterr().err, "CUDA is not available")
+
+
+def test_cli_error_has_no_traceback_in_a_real_process() -> None:
+    proc = _run_cli("--env", "NoSuchEnv-v0")
+    _one_line_error(proc.returncode, proc.stderr, "unknown environment id")
+
+
+def test_divergence_stops_with_a_message_and_keeps_checkpoints_finite(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    args = [
+        "--env",
+        "CartPole-v1",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--no-progress",
+        "--total-steps",
+        "3000",
+        "--device",
+        "cpu",
+        "--set",
+        "lr=1e30",
+        "--set",
+        "max_grad_norm=null",
+        "--set",
+        "learning_starts=100",
+        "--set",
+        "checkpoint_interval=100",
+        "--set",
+        "log_interval=100",
+    ]
+    code = run.main(args)
+    err = capsys.readouterr().err
+    assert code == 1 and "diverged" in err
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    if last.exists():  # whatever was saved is a good state
+        params = load_checkpoint(last)["q_network"]
+        assert all(torch.isfinite(t).all() for t in params.values())
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "run.py",
+            "--env",
+            "CartPole-v1",
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            "--total-steps",
+            "400000",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while not (run_dir / "config.yaml").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # let it train a little
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"--resume {run_dir}" in out
+    data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    step = int(data["counters"]["global_step"])
+    assert 0 < step < 400_000
+    resumed = _run_cli("--resume", str(run_dir), "--total-steps", str(step + 300), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {run_dir} at step {step}" in resumed.stdout
+    assert json.loads((run_dir / "result.json").read_text())["global_step"] == step + 300
+
+
+def test_atomic_checkpoint_survives_a_failed_save(tmp_path: Path, monkeypatch) -> None:
+    path = save_checkpoint(tmp_path / "last.pt", {"x": torch.ones(1)})
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
+    with pytest.raises(OSError):
+        save_checkpoint(path, {"x": torch.zeros(1)})
+    monkeypatch.undo()
+    assert torch.equal(load_checkpoint(path)["x"], torch.ones(1))
+    assert np.array([p.name for p in tmp_path.iterdir()]).tolist() == ["last.pt"]
