@@ -3,6 +3,7 @@
     python run.py --env CartPole-v1                       train with configs/ defaults
     python run.py --env CartPole-v1 --eval RUN/checkpoints/best.pt
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
+    python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep.py)
 
 Every user error ends in one line naming the problem and the fix, with exit status 2.
 """
@@ -59,6 +60,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--list-config", action="store_true", help="print every config key with its doc and exit"
+    )
+    sweep = p.add_argument_group(
+        'sweeps (many seeds, hyperparameter grids; on Ray: pip install -e ".[sweep]")'
+    )
+    sweep.add_argument(
+        "--seeds",
+        metavar="SEEDS",
+        help="train these seeds in parallel: a count (10), a range (1-10) or a list (3,5,8); "
+        "--run-dir names the sweep directory, --resume SWEEP_DIR runs what is missing",
+    )
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="cross these values of one config key with the seeds, repeatable: --grid n_step=1,3",
+    )
+    sweep.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="join this Ray cluster (HOST:PORT from `ray start --head`) instead of a local one",
+    )
+    sweep.add_argument(
+        "--retries",
+        type=int,
+        metavar="N",
+        help="retry a crashed or killed trial N times (default 1)",
     )
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--eval", metavar="CHECKPOINT", help="evaluate a saved policy (a .pt file)")
@@ -255,6 +283,17 @@ def _user_error(message: str) -> NoReturn:
     raise UserError(message)
 
 
+def _is_sweep(args: argparse.Namespace) -> bool:
+    """--seeds, --grid, --ray-address or --retries, or --resume of a sweep directory."""
+    if args.seeds is not None or args.grid or args.ray_address is not None:
+        return True
+    if args.retries is not None:
+        return True
+    from agent.sweep import is_sweep_dir
+
+    return bool(args.resume) and is_sweep_dir(args.resume)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from agent.errors import UserError
@@ -262,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list_config:
             return list_config()
+        if _is_sweep(args):
+            from agent.sweep import cmd_sweep
+
+            return cmd_sweep(args)
         if args.resume:
             return cmd_resume(args)
         if args.eval:
