@@ -42,10 +42,8 @@ class NoisyLinear(nn.Module):
     :func:`noise_disabled`, independently of ``train()`` / ``eval()``.
     """
 
+    epsilon: torch.Tensor
     weight_epsilon: torch.Tensor
-    bias_epsilon: torch.Tensor
-    epsilon_in: torch.Tensor
-    epsilon_out: torch.Tensor
 
     def __init__(
         self,
@@ -74,12 +72,12 @@ class NoisyLinear(nn.Module):
         self.weight_sigma = nn.Parameter(torch.empty(out_features, in_features, **factory))
         self.bias_mu = nn.Parameter(torch.empty(out_features, **factory))
         self.bias_sigma = nn.Parameter(torch.empty(out_features, **factory))
-        # The noise factors and the noise itself. Persistent, so that a saved
-        # network reproduces its last noisy forward exactly.
-        self.register_buffer("epsilon_in", torch.zeros(in_features, **factory))
-        self.register_buffer("epsilon_out", torch.zeros(out_features, **factory))
+        # The two noise factors f(eps_in), f(eps_out) share one buffer, so that one
+        # draw and one f() serve both (acting and every update reset the noise:
+        # fewer, larger ops are what CPU speed comes down to). Persistent, so that
+        # a saved network reproduces its last noisy forward exactly.
+        self.register_buffer("epsilon", torch.zeros(in_features + out_features, **factory))
         self.register_buffer("weight_epsilon", torch.zeros(out_features, in_features, **factory))
-        self.register_buffer("bias_epsilon", torch.zeros(out_features, **factory))
         self.reset_parameters()
         self.reset_noise()
 
@@ -92,29 +90,40 @@ class NoisyLinear(nn.Module):
         self.weight_sigma.fill_(self.sigma0 * bound)
         self.bias_sigma.fill_(self.sigma0 * bound)
 
-    @staticmethod
-    def _scale_noise_(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        # f(x) = sgn(x) * sqrt(|x|), in place on x's device and dtype.
-        x.normal_(generator=generator)
-        return x.copy_(x.sign().mul_(x.abs().sqrt_()))
+    @property
+    def epsilon_in(self) -> torch.Tensor:
+        """f(eps_in), the input factor of the weight noise: a view of ``epsilon``."""
+        return self.epsilon[: self.in_features]
 
-    @torch.no_grad()
+    @property
+    def epsilon_out(self) -> torch.Tensor:
+        """f(eps_out), the output factor: a view of ``epsilon``."""
+        return self.epsilon[self.in_features :]
+
+    @property
+    def bias_epsilon(self) -> torch.Tensor:
+        """The bias noise, which is the output factor itself (a view, not a copy)."""
+        return self.epsilon_out
+
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
         """Draw fresh factorised noise into the existing buffers (addresses unchanged).
 
         The buffers live with ``weight_sigma`` (``.to()`` moves them together), so
         the noise is drawn where the weights are. ``generator`` must be on that
-        device; without one, the device's default generator is used.
+        device; without one, the device's default generator is used. (Buffers
+        never require grad, so no autograd context is needed: entering one per
+        layer costs more than the noise on a CPU.)
         """
-        self._scale_noise_(self.epsilon_in, generator)
-        self._scale_noise_(self.epsilon_out, generator)
-        torch.outer(self.epsilon_out, self.epsilon_in, out=self.weight_epsilon)
-        self.bias_epsilon.copy_(self.epsilon_out)
+        eps = self.epsilon
+        eps.normal_(generator=generator)
+        sign = eps.sign()
+        eps.abs_().sqrt_().mul_(sign)  # f(x) = sgn(x) sqrt(|x|), in place
+        torch.outer(eps[self.in_features :], eps[: self.in_features], out=self.weight_epsilon)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.noise_enabled:
             weight = torch.addcmul(self.weight_mu, self.weight_sigma, self.weight_epsilon)
-            bias = torch.addcmul(self.bias_mu, self.bias_sigma, self.bias_epsilon)
+            bias = torch.addcmul(self.bias_mu, self.bias_sigma, self.epsilon[self.in_features :])
         else:
             weight, bias = self.weight_mu, self.bias_mu
         return F.linear(x, weight, bias)
