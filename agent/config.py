@@ -75,6 +75,8 @@ class Config:
     # --- learning ---
     buffer_size: int = 100_000
     """Replay capacity in transitions."""
+    frame_replay: bool = True
+    """Image stacks (C, H, W) uint8: store each frame once and rebuild stacks at sample time."""
     save_buffer: bool = False
     """Store the replay buffer in checkpoints (needed for an exact resume; can be large)."""
     batch_size: int = 64
@@ -89,6 +91,10 @@ class Config:
     """Adam epsilon."""
     gamma: float = 0.99
     """Discount factor, in (0, 1]."""
+    clip_rewards: bool = False
+    """Learn from sign(reward) (DQN's clipping); logged returns stay the raw score."""
+    terminal_on_life_loss: bool = False
+    """A lost life (info['lives'] drops) ends bootstrapping in replay; the game goes on."""
     n_step: int = 3
     """n-step returns."""
     double_dqn: bool = True

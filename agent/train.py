@@ -23,6 +23,7 @@ from agent.evaluate import run_episodes
 from agent.learner import Learner, NonFiniteError
 from agent.monitor import Monitor, noise_stats
 from agent.networks import QNetwork
+from agent.frame_replay import FrameReplayBuffer
 from agent.replay import ReplayBuffer
 from envs import episode_seed, inspect_env, make_env, make_vector_env
 
@@ -97,6 +98,17 @@ class _SigintFlag:
             signal.signal(signal.SIGINT, self._previous)
 
 
+def _lives(info: dict[str, Any], previous: np.ndarray | None) -> np.ndarray | None:
+    """``info["lives"]`` of a vector env step or reset, kept from ``previous`` where masked out."""
+    if "lives" not in info:
+        return previous
+    lives = np.asarray(info["lives"], dtype=np.int64)
+    if previous is None:
+        return lives.copy()
+    mask = np.asarray(info.get("_lives", np.ones(len(lives), dtype=bool)), dtype=bool)
+    return np.where(mask, lives, previous)
+
+
 def _replay_episodes(
     envs: Any, seed: int, ep_index: np.ndarray, ep_actions: list[list[int]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -167,16 +179,21 @@ def train(
         dtype=dtype,
     )
     target_network = copy.deepcopy(q_network)
-    replay = ReplayBuffer(
-        cfg.buffer_size,
-        spec.obs_shape,
-        np.dtype(spec.obs_dtype),
-        device=device,
-        n_step=cfg.n_step,
-        gamma=cfg.gamma,
-        num_envs=n,
-        float_dtype=dtype,
-    )
+    # Image stacks (C, H, W) of integer frames: each frame stored once (agent/frame_replay.py).
+    frames = cfg.frame_replay and len(spec.obs_shape) == 3 and spec.obs_dtype == "uint8"
+    try:
+        replay = (FrameReplayBuffer if frames else ReplayBuffer)(
+            cfg.buffer_size,
+            spec.obs_shape,
+            np.dtype(spec.obs_dtype),
+            device=device,
+            n_step=cfg.n_step,
+            gamma=cfg.gamma,
+            num_envs=n,
+            float_dtype=dtype,
+        )
+    except ValueError as e:
+        raise UserError(f"invalid config: {e}") from None
     noisy_acting = cfg.exploration == "noisy"
     selector = ActionSelector(
         q_network,
@@ -259,6 +276,7 @@ def train(
                 "ep_index": torch.from_numpy(ep_index.copy()),
                 "ep_actions": [torch.tensor(a, dtype=torch.int64) for a in ep_actions],
                 "obs": torch.from_numpy(np.asarray(obs).copy()),
+                **({} if lives is None else {"lives": torch.from_numpy(lives.copy())}),
             },
         }
         if cfg.save_buffer:
@@ -268,8 +286,10 @@ def train(
     # --- first observations: fresh episodes, or the resumed ones replayed exactly ---
     ep_return = np.zeros(n, dtype=np.float64)
     ep_length = np.zeros(n, dtype=np.int64)
+    lives: np.ndarray | None = None  # info["lives"] of each sub-env (Atari), for life loss
     if checkpoint is None:
-        obs, _ = envs.reset(seed=[episode_seed(cfg.seed, i, 0) for i in range(n)])
+        obs, info = envs.reset(seed=[episode_seed(cfg.seed, i, 0) for i in range(n)])
+        lives = _lives(info, None)
     else:
         saved_obs = checkpoint["envs"]["obs"].numpy()
         replayed = None
@@ -277,6 +297,8 @@ def train(
             replayed = _replay_episodes(envs, cfg.seed, ep_index, ep_actions)
         if replayed is not None and np.array_equal(replayed[0], saved_obs):
             obs, ep_return, ep_length = replayed
+            if "lives" in checkpoint["envs"]:
+                lives = checkpoint["envs"]["lives"].numpy().copy()
         else:
             echo(
                 "note: the environments could not be restored exactly (async vector env or a "
@@ -284,9 +306,17 @@ def train(
             )
             ep_index += 1
             ep_actions = [[] for _ in range(n)]
-            obs, _ = envs.reset(
+            obs, info = envs.reset(
                 seed=[episode_seed(cfg.seed, i, int(ep_index[i])) for i in range(n)]
             )
+            lives = _lives(info, None)
+    if cfg.terminal_on_life_loss and lives is None:
+        envs.close()
+        eval_env.close()
+        raise UserError(
+            f"terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
+            f"{cfg.env_id} does not: --set terminal_on_life_loss=false"
+        )
 
     monitor = Monitor(run_dir, cfg.total_steps, global_step, progress)
     status: Literal["finished", "solved", "interrupted"] = "finished"
@@ -311,9 +341,18 @@ def train(
                     actions[explore] = explore_rng.integers(spec.n_actions, size=int(explore.sum()))
 
             # --- step the environments; store the real transitions ---
-            next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+            next_obs, rewards, terminated, truncated, info = envs.step(actions)
             global_step += n
-            replay.add(obs, actions, rewards, next_obs, terminated, truncated)
+            # Training-only signals; the logged return stays the sum of the env's rewards.
+            # A lost life ends bootstrapping in replay, but the env is not reset.
+            train_rewards = np.sign(rewards) if cfg.clip_rewards else rewards
+            train_terminated = terminated
+            if lives is not None:
+                new_lives = _lives(info, lives)
+                if cfg.terminal_on_life_loss:
+                    train_terminated = terminated | (new_lives < lives)
+                lives = new_lives
+            replay.add(obs, actions, train_rewards, next_obs, train_terminated, truncated)
             ep_return += rewards
             ep_length += 1
             for i, a in enumerate(actions.tolist()):
@@ -331,7 +370,8 @@ def train(
                     episode_seed(cfg.seed, i, int(ep_index[i])) if done[i] else None
                     for i in range(n)
                 ]
-                next_obs, _ = envs.reset(seed=seeds, options={"reset_mask": done})
+                next_obs, info = envs.reset(seed=seeds, options={"reset_mask": done})
+                lives = _lives(info, lives)
             obs = next_obs
 
             # --- learn: one update per train_freq env steps, once learning has started ---

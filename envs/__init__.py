@@ -1,10 +1,13 @@
-"""Environment construction: gymnasium ids, vector envs, per-episode seeds, test envs."""
+"""Environment construction: gymnasium ids, vector envs, Atari preprocessing, per-episode seeds,
+test envs."""
 
 from envs.make import (
     EnvSpec,
     check_env_id,
     episode_seed,
     inspect_env,
+    is_atari,
+    make_atari,
     make_env,
     make_vector_env,
 )
@@ -14,6 +17,8 @@ __all__ = [
     "check_env_id",
     "episode_seed",
     "inspect_env",
+    "is_atari",
+    "make_atari",
     "make_env",
     "make_vector_env",
 ]

@@ -10,6 +10,17 @@ loop resets an ended sub-environment itself, with a seed derived from
 * an episode is a pure function of its seed and its actions, so a resumed run
   rebuilds the exact state of its environments by replaying the actions of the
   current episodes (see ``agent/train.py``).
+
+Atari (ALE) ids get the standard DQN preprocessing from gymnasium's own wrappers
+(:func:`make_atari`): the ALE env is built with ``frameskip=1`` (sticky actions stay
+as the id defines them: 0.25 for ``ALE/...-v5``, none for ``...NoFrameskip-v4``),
+then ``AtariPreprocessing`` (up to 30 no-op actions at reset, frame skip 4 with a
+max over the last two frames, 84x84 grayscale uint8) and ``FrameStackObservation``
+(the last 4 frames, padded with the reset frame): observations are ``(4, 84, 84)``
+uint8. Episodes are whole games and rewards are the raw score: reward clipping
+and terminal-on-life-loss are training-only and live in the training loop
+(config keys ``clip_rewards`` and ``terminal_on_life_loss``), so evaluation and
+the logged returns always see the real game.
 """
 
 from __future__ import annotations
@@ -24,7 +35,26 @@ import numpy as np
 
 from agent.errors import UserError
 
-__all__ = ["EnvSpec", "check_env_id", "episode_seed", "inspect_env", "make_env", "make_vector_env"]
+__all__ = [
+    "ATARI_FRAME_SKIP",
+    "ATARI_FRAME_STACK",
+    "ATARI_SCREEN_SIZE",
+    "EnvSpec",
+    "check_env_id",
+    "episode_seed",
+    "inspect_env",
+    "is_atari",
+    "make_atari",
+    "make_env",
+    "make_vector_env",
+]
+
+# The DQN (Nature, 2015) preprocessing used by the NoisyNet paper.
+ATARI_FRAME_SKIP = 4
+ATARI_SCREEN_SIZE = 84
+ATARI_FRAME_STACK = 4
+ATARI_NOOP_MAX = 30
+_ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
 
 
 @dataclass(frozen=True)
@@ -53,6 +83,14 @@ def _register_atari() -> None:
     gym.register_envs(ale_py)
 
 
+def _try_register_atari() -> None:
+    try:
+        ale_py = importlib.import_module("ale_py")
+    except ImportError:
+        return
+    gym.register_envs(ale_py)
+
+
 def check_env_id(env_id: str) -> None:
     """Raise :class:`UserError` (with close ids as suggestions) unless ``env_id`` is registered.
 
@@ -67,8 +105,11 @@ def check_env_id(env_id: str) -> None:
                 f"cannot import the module of env id {env_id!r} ({e}); check the module name "
                 "before ':' and that it is installed"
             ) from None
-    if _is_atari_id(name) and name not in gym.registry:
-        _register_atari()
+    if name not in gym.registry:
+        if _is_atari_id(name):
+            _register_atari()  # a one-line error when the atari extra is missing
+        else:
+            _try_register_atari()  # other ALE ids (e.g. Pong-v4), if ale-py is there
     try:
         gym.spec(name)
         return
@@ -79,9 +120,58 @@ def check_env_id(env_id: str) -> None:
     raise UserError(f"unknown environment id {env_id!r}: {hint}")
 
 
+def is_atari(env_id: str) -> bool:
+    """True for a registered ALE game with image observations (after :func:`check_env_id`)."""
+    try:
+        spec = gym.spec(env_id.rpartition(":")[2])
+    except gym.error.Error:
+        return False
+    return spec.entry_point == _ALE_ENTRY_POINT and spec.kwargs.get("obs_type", "rgb") in (
+        "rgb",
+        "grayscale",
+    )
+
+
+def make_atari(env_id: str, *, render_mode: str | None = None) -> gym.Env:
+    """An ALE game with DQN preprocessing: ``(4, 84, 84)`` uint8 stacks, raw rewards, full games.
+
+    The ALE env is made with ``frameskip=1`` so that ``AtariPreprocessing`` does the
+    skipping (and the max-pooling over the last two frames); sticky actions
+    (``repeat_action_probability``) stay as the id defines them.
+    """
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    kwargs: dict = {"frameskip": 1}
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    env = gym.make(env_id, **kwargs)
+    try:
+        env = AtariPreprocessing(
+            env,
+            noop_max=ATARI_NOOP_MAX,
+            frame_skip=ATARI_FRAME_SKIP,
+            screen_size=ATARI_SCREEN_SIZE,
+            terminal_on_life_loss=False,  # training-only, done by the loop (replay terminal)
+            grayscale_obs=True,
+            scale_obs=False,
+        )
+    except gym.error.DependencyNotInstalled:
+        env.close()
+        raise UserError(
+            'Atari preprocessing needs OpenCV: pip install -e ".[atari]" '
+            "(or pip install opencv-python-headless)"
+        ) from None
+    return FrameStackObservation(env, ATARI_FRAME_STACK, padding_type="reset")
+
+
 def make_env(env_id: str, *, render_mode: str | None = None) -> gym.Env:
-    """One environment (for evaluation, and the factory of each vector sub-environment)."""
+    """One environment (for evaluation, and the factory of each vector sub-environment).
+
+    Atari ids come preprocessed (:func:`make_atari`); every other id as registered.
+    """
     check_env_id(env_id)
+    if is_atari(env_id):
+        return make_atari(env_id, render_mode=render_mode)
     if render_mode is None:
         return gym.make(env_id)
     return gym.make(env_id, render_mode=render_mode)
@@ -120,7 +210,7 @@ def make_vector_env(env_id: str, num_envs: int, vector: str = "sync") -> gym.vec
     if num_envs < 1:
         raise UserError(f"num_envs must be >= 1, got {num_envs}: pass --num-envs 1 or more")
     check_env_id(env_id)
-    fns: list[Callable[[], gym.Env]] = [lambda: gym.make(env_id) for _ in range(num_envs)]
+    fns: list[Callable[[], gym.Env]] = [lambda: make_env(env_id) for _ in range(num_envs)]
     mode = gym.vector.AutoresetMode.DISABLED
     if vector == "sync":
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)

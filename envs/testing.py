@@ -9,8 +9,28 @@ Importing this module registers:
 * ``NoisyDQN/CueTruncated-v0``: the same with ``length=1000``, cut by a
   ``TimeLimit`` of 7 steps, so every episode is *truncated*.
 
+* ``NoisyDQN/CueVaried-v0``: each episode's length is drawn (2..9) from the reset
+  seed, so sub-environments of a vector env end their episodes at different,
+  known steps; it *terminates*.
+* ``NoisyDQN/CueVariedTruncated-v0``: the same, but the episode is *truncated*
+  (the env sets ``truncated``) at that length.
+
 Observation: ``[cue, steps_left / length]``, float32. The cue is drawn from the
 env's seeded ``np_random``, so an episode is a function of its reset seed.
+
+Image test envs (no ale-py needed), observations ``(4, size, size)`` uint8 built by
+gymnasium's ``FrameStackObservation`` over :class:`FrameEnv`:
+
+* ``NoisyDQN/Frames-v0`` (36x36, the smallest the Nature CNN takes): episodes of
+  3..30 steps (drawn from the reset seed) that terminate, 3 lives (one lost every
+  ``life_every`` = 4 steps, reported as ``info["lives"]``), rewards in {-0.5, 2.0}
+  (so clipping changes them).
+* ``NoisyDQN/FramesTruncated-v0``: the same, truncated instead of terminated.
+
+Every frame encodes where it comes from: pixel ``[0, 0]`` is the step in the
+episode, ``[0, 1]`` an episode tag drawn at reset, the rest random bytes, so
+two frames are equal only by chance (tests compare stacks rebuilt by the frame
+replay with the stacks the env returned).
 """
 
 from __future__ import annotations
@@ -20,14 +40,22 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["CueEnv"]
+__all__ = ["CueEnv", "FrameEnv", "make_frames_env"]
 
 
 class CueEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
 
-    def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        length: int = 5,
+        render_mode: str | None = None,
+        length_range: tuple[int, int] | None = None,
+        truncate: bool = False,
+    ) -> None:
         self.length = int(length)
+        self.length_range = length_range
+        self.truncate = truncate
         self.render_mode = render_mode
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
@@ -41,6 +69,9 @@ class CueEnv(gym.Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
+        if self.length_range is not None:
+            lo, hi = self.length_range
+            self.length = int(self.np_random.integers(lo, hi + 1))
         self._t = 0
         self._cue = float(self.np_random.choice([-1.0, 1.0]))
         return self._obs(), {}
@@ -49,8 +80,78 @@ class CueEnv(gym.Env):
         reward = 1.0 if (int(action) == 1) == (self._cue > 0) else 0.0
         self._t += 1
         self._cue = float(self.np_random.choice([-1.0, 1.0]))
-        terminated = self._t >= self.length
-        return self._obs(), reward, terminated, False, {}
+        ended = self._t >= self.length
+        if self.truncate:
+            return self._obs(), reward, False, ended, {}
+        return self._obs(), reward, ended, False, {}
+
+
+class FrameEnv(gym.Env):
+    """Single uint8 frames ``(size, size)`` that say which step and episode they belong to.
+
+    Episode length is drawn from ``length_range`` at reset; the agent has
+    ``lives`` lives and loses one every ``life_every`` steps (never the last one
+    before the episode ends); the reward is 2.0 when the action equals
+    ``step % n_actions``, else -0.5.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
+
+    def __init__(
+        self,
+        size: int = 36,
+        length_range: tuple[int, int] = (3, 30),
+        lives: int = 3,
+        life_every: int = 4,
+        truncate: bool = False,
+        n_actions: int = 3,
+    ) -> None:
+        self.size = int(size)
+        self.length_range = length_range
+        self.lives = int(lives)
+        self.life_every = int(life_every)
+        self.truncate = truncate
+        self.observation_space = gym.spaces.Box(0, 255, shape=(size, size), dtype=np.uint8)
+        self.action_space = gym.spaces.Discrete(n_actions)
+        self._t = 0
+        self._tag = 0
+        self._length = 1
+        self._lives = self.lives
+
+    def _frame(self) -> np.ndarray:
+        frame = self.np_random.integers(0, 256, size=(self.size, self.size), dtype=np.uint8)
+        frame[0, 0] = self._t % 256
+        frame[0, 1] = self._tag
+        return frame
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        lo, hi = self.length_range
+        self._length = int(self.np_random.integers(lo, hi + 1))
+        self._tag = int(self.np_random.integers(256))
+        self._t = 0
+        self._lives = self.lives
+        return self._frame(), {"lives": self._lives}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        reward = 2.0 if int(action) == self._t % self.action_space.n else -0.5
+        self._t += 1
+        ended = self._t >= self._length
+        if not ended and self._t % self.life_every == 0 and self._lives > 1:
+            self._lives -= 1
+        info = {"lives": self._lives}
+        if self.truncate:
+            return self._frame(), reward, False, ended, info
+        return self._frame(), reward, ended, False, info
+
+
+def make_frames_env(stack: int = 4, **kwargs: Any) -> gym.Env:
+    """:class:`FrameEnv` under gymnasium's ``FrameStackObservation`` (reset-frame padding)."""
+    from gymnasium.wrappers import FrameStackObservation
+
+    return FrameStackObservation(FrameEnv(**kwargs), stack, padding_type="reset")
 
 
 if "NoisyDQN/Cue-v0" not in gym.registry:
@@ -62,4 +163,20 @@ if "NoisyDQN/Cue-v0" not in gym.registry:
         entry_point=CueEnv,
         kwargs={"length": 1000},
         max_episode_steps=7,
+    )
+    gym.register(
+        "NoisyDQN/CueVaried-v0",
+        entry_point=CueEnv,
+        kwargs={"length_range": (2, 9)},
+        max_episode_steps=100,
+    )
+    gym.register(
+        "NoisyDQN/CueVariedTruncated-v0",
+        entry_point=CueEnv,
+        kwargs={"length_range": (2, 9), "truncate": True},
+        max_episode_steps=100,
+    )
+    gym.register("NoisyDQN/Frames-v0", entry_point=make_frames_env)
+    gym.register(
+        "NoisyDQN/FramesTruncated-v0", entry_point=make_frames_env, kwargs={"truncate": True}
     )

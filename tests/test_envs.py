@@ -90,3 +90,32 @@ def test_an_episode_is_a_function_of_its_seed_and_actions() -> None:
         oa, *_ = envs_a.step(a)
         ob, *_ = envs_b.step(a)
     assert np.array_equal(oa, ob)
+
+
+def test_varied_test_envs_end_at_seed_dependent_lengths() -> None:
+    envs = make_vector_env("NoisyDQN/CueVariedTruncated-v0", 4)
+    envs.reset(seed=[10, 11, 12, 13])
+    lengths = [e.unwrapped.length for e in envs.envs]
+    assert len(set(lengths)) > 1 and all(2 <= n <= 9 for n in lengths)
+    ended_at = np.zeros(4, dtype=int)
+    for t in range(1, 10):
+        _, _, terminated, truncated, _ = envs.step(np.zeros(4, dtype=np.int64))
+        assert not terminated.any()
+        ended_at[truncated & (ended_at == 0)] = t
+        if truncated.any():  # autoreset is disabled: reset the ended ones ourselves
+            envs.reset(options={"reset_mask": truncated})
+    assert ended_at.tolist() == lengths
+    envs.close()
+
+
+def test_atari_ids_get_dqn_preprocessing() -> None:
+    from envs import is_atari
+
+    assert not is_atari("CartPole-v1") and not is_atari("envs.testing:NoisyDQN/Frames-v0")
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    for env_id in ("ALE/Pong-v5", "PongNoFrameskip-v4", "Pong-v4"):
+        check_env_id(env_id)
+        assert is_atari(env_id)
+    spec = inspect_env("Pong-v4")  # frameskip (2, 5) by the id: rebuilt with 1, skip 4
+    assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == "uint8" and spec.n_actions == 6

@@ -1,0 +1,548 @@
+"""Replay for stacked image observations: every frame stored once, stacks rebuilt at sample time.
+
+An Atari observation is a stack of the last ``C`` frames (``(4, 84, 84)`` uint8), and
+consecutive observations share ``C - 1`` of them. :class:`ReplayBuffer` stores ``obs``
+and ``next_obs`` whole: ``2 * 4 * 84 * 84`` bytes (~56 KB) per transition, 56 GB for
+the paper's 1M transitions. :class:`FrameReplayBuffer` stores each frame once
+(~7 KB per transition, ~7.1 GB for 1M) and rebuilds both stacks from frame indices
+when a batch is sampled. Same interface as :class:`ReplayBuffer`: ``add`` / ``sample``
+/ ``__len__`` / ``state_dict`` / ``load_state_dict``, :class:`~agent.replay.Batch`,
+n-step returns, ``num_envs``, and pinned staging slots for a CUDA learner.
+
+Layout. Each sub-environment ``e`` owns a ring of ``S = ceil(capacity / num_envs)``
+frame slots; frames are written in order and numbered by a per-env counter (slot =
+counter % S). A transition lives in the slot of the newest frame of its ``obs``, and
+holds the flat frame indices of its ``obs`` and ``next_obs`` stacks (computed when the
+frames were written), plus action, k-step return, done and discount.
+
+Exactness does not depend on how the env builds its stacks. On every ``add`` the
+buffer checks, per env:
+
+* ``obs`` equals the previous ``next_obs`` (the episode goes on) -> reuse its frames;
+  otherwise (a reset) it starts a new *segment*: one frame when the stack is the reset
+  frame repeated (gymnasium's ``FrameStackObservation`` with ``padding_type="reset"``),
+  all ``C`` frames otherwise;
+* ``next_obs[:-1] == obs[1:]`` (the stack slid by one frame) -> write one frame;
+  otherwise a new segment as above.
+
+A stack is the last ``C`` frames of its segment, with indices before the segment's
+first frame clamped to it. So a rebuilt stack is always byte-equal to what the env
+returned, across episode boundaries, life losses (terminal for the replay, but the
+game and the stack go on) and ring wrap-around, and an env that is not a frame stack
+at all still works (at ``C`` frames per step).
+
+Overwriting: writing frame ``w`` of env ``e`` overwrites frame ``w - S``, the oldest
+frame of the transition whose ``obs`` ends at frame ``w - S + C - 1``, so that
+transition (in slot ``(w + C - 1) % S``) is dropped; transitions are valid only while
+all their frames are live. Slots without a transition (the final frame of an episode,
+a segment's padding frames, windows still pending) are never sampled: ``sample``
+draws slots uniformly and redraws the few that hold no transition, which keeps the
+draw uniform over stored transitions. ``capacity`` therefore counts frame slots:
+``len(buffer)`` stays slightly below it (by one slot per episode in the ring).
+
+n-step returns work as in :class:`ReplayBuffer`: a window of the last ``n_step``
+steps per env, emitted when full, flushed at an episode end (terminated or
+truncated) with shorter lengths; ``dones`` is 1 only for termination.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from agent.replay import (
+    _FLOAT_DTYPES,
+    _KIND_NAMES,
+    Batch,
+    _as_numpy,
+    _is_cuda,
+    _normalize_device,
+    _numpy_dtype,
+    _PinnedSlots,
+    _torch_dtype,
+)
+
+__all__ = ["FrameReplayBuffer"]
+
+# Rejection rounds in sample() before falling back to an exact draw over stored slots.
+_MAX_REDRAWS = 32
+
+
+class FrameReplayBuffer:
+    """Uniform replay for ``(C, H, W)`` integer frame stacks, one stored frame per step.
+
+    Args:
+        capacity: frame slots over all envs together (``ceil(capacity / num_envs)`` per
+            env); about as many transitions are kept.
+        obs_shape: ``(C, H, W)``: C stacked frames of H x W.
+        obs_dtype: the integer dtype of the observations (uint8 for Atari).
+        device: where sampled batches are returned (the learner's device).
+        storage_device: ``"cpu"`` only (a CUDA ``device`` gets pinned staging).
+        n_step, gamma, num_envs, float_dtype: as for :class:`~agent.replay.ReplayBuffer`.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape: tuple[int, ...] | list[int],
+        obs_dtype: np.dtype | type | torch.dtype = np.uint8,
+        *,
+        device: torch.device | str,
+        storage_device: torch.device | str = "cpu",
+        n_step: int = 1,
+        gamma: float = 0.99,
+        num_envs: int = 1,
+        float_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
+            raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        if not (0.0 < float(gamma) <= 1.0):
+            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        try:
+            obs_shape = tuple(int(d) for d in obs_shape)
+        except TypeError as err:
+            raise ValueError(f"obs_shape must be a tuple of ints, got {obs_shape!r}") from err
+        if len(obs_shape) != 3 or any(d <= 0 for d in obs_shape):
+            raise ValueError(f"obs_shape must be (C, H, W) with positive sizes, got {obs_shape}")
+        if float_dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"float_dtype must be one of {_FLOAT_DTYPES}, got {float_dtype!r}")
+        self._obs_in_dtype = _numpy_dtype(obs_dtype, "obs_dtype")
+        if not np.issubdtype(self._obs_in_dtype, np.integer):
+            raise ValueError(
+                f"FrameReplayBuffer stores integer frames (uint8), got {self._obs_in_dtype}"
+            )
+        self.device = _normalize_device(device)
+        self.storage_device = _normalize_device(storage_device)
+        if self.storage_device.type != "cpu":
+            raise ValueError(
+                f"FrameReplayBuffer keeps its frames on the CPU (storage_device='cpu'), got "
+                f"{self.storage_device}"
+            )
+        c, h, w = obs_shape
+        slots = math.ceil(capacity / num_envs)
+        # A pending window's frames must outlive it: at most 2C frames are written per
+        # step (two new segments), and a window is at most n_step steps old.
+        min_slots = 2 * c * (n_step + 1) + 2
+        if slots < min_slots:
+            raise ValueError(
+                f"capacity {capacity} gives {slots} frame slots per env; a FrameReplayBuffer "
+                f"with {c}-frame stacks and n_step={n_step} needs at least {min_slots} per env "
+                f"(capacity >= {min_slots * num_envs})"
+            )
+
+        self.capacity = capacity
+        self.obs_shape = obs_shape
+        self.n_step = n_step
+        self.gamma = float(gamma)
+        self.num_envs = num_envs
+        self.float_dtype = float_dtype
+        self.obs_dtype = _torch_dtype(self._obs_in_dtype)
+        self.slots_per_env = slots
+        self._obs_in_shape = (num_envs, *obs_shape)
+
+        total = num_envs * slots
+        # Frames, and per slot the transition whose obs ends at that slot's frame.
+        # torch.empty: pages are only committed as the ring fills.
+        self._frames = torch.empty((total, h, w), dtype=self.obs_dtype)
+        self._obs_idx = torch.zeros((total, c), dtype=torch.int64)  # flat frame indices
+        self._next_idx = torch.zeros((total, c), dtype=torch.int64)
+        self._actions = torch.zeros(total, dtype=torch.int64)
+        self._rewards = torch.zeros(total, dtype=float_dtype)
+        self._dones = torch.zeros(total, dtype=float_dtype)
+        self._discounts = torch.zeros(total, dtype=float_dtype)
+        self._valid_t = torch.zeros(total, dtype=torch.bool)
+        self._tensors = {
+            "frames": self._frames,
+            "obs_idx": self._obs_idx,
+            "next_idx": self._next_idx,
+            "actions": self._actions,
+            "rewards": self._rewards,
+            "dones": self._dones,
+            "discounts": self._discounts,
+            "valid": self._valid_t,
+        }
+        # numpy views for host-side writes
+        self._frames_np = self._frames.numpy()
+        self._obs_idx_np = self._obs_idx.numpy()
+        self._next_idx_np = self._next_idx.numpy()
+        self._actions_np = self._actions.numpy()
+        self._rewards_np = self._rewards.numpy()
+        self._dones_np = self._dones.numpy()
+        self._discounts_np = self._discounts.numpy()
+        self._valid = self._valid_t.numpy()
+        self._size = 0  # valid transitions
+
+        # Per-env frame streams.
+        self._count = np.zeros(num_envs, dtype=np.int64)  # frames written
+        self._seg_start = np.zeros(num_envs, dtype=np.int64)  # counter of the segment start
+        self._cur_stack = np.zeros((num_envs, c), dtype=np.int64)  # stack of the last next_obs
+        self._last_obs = np.zeros((num_envs, *obs_shape), dtype=self._obs_in_dtype)
+        self._has_last = np.zeros(num_envs, dtype=bool)
+        self._stack_offsets = np.arange(-c + 1, 1, dtype=np.int64)  # (C,) oldest .. newest
+
+        # n-step windows, oldest first: stack indices, action, reward; wlen steps each.
+        self._win_obs = np.zeros((num_envs, n_step, c), dtype=np.int64)
+        self._win_act = np.zeros((num_envs, n_step), dtype=np.int64)
+        self._win_rew = np.zeros((num_envs, n_step), dtype=np.float64)
+        self._wlen = np.zeros(num_envs, dtype=np.int64)
+        self._gamma_pows = self.gamma ** np.arange(n_step + 1, dtype=np.float64)
+
+        # Sampling: pinned staging only for a CUDA learner.
+        self._pinned = _is_cuda(self.device)
+        self._moves = not self._pinned and self.device != self.storage_device
+        self._sample_slots: _PinnedSlots | None = None
+        self._copy_stream = torch.cuda.Stream(self.device) if self._pinned else None
+
+    # ------------------------------------------------------------------ info
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def pinned(self) -> bool:
+        """True when batches travel host -> GPU through pinned staging slots."""
+        return self._pinned
+
+    @property
+    def bytes_per_transition(self) -> int:
+        """Bytes of storage per slot: one frame plus the transition's indices and scalars."""
+        total = sum(t.element_size() * t[0].numel() for t in self._tensors.values())
+        return int(total)
+
+    def __repr__(self) -> str:
+        return (
+            f"FrameReplayBuffer(size={self._size}/{self.capacity}, obs_shape={self.obs_shape}, "
+            f"obs_dtype={self.obs_dtype}, n_step={self.n_step}, gamma={self.gamma}, "
+            f"num_envs={self.num_envs}, device={self.device}, float_dtype={self.float_dtype})"
+        )
+
+    # ------------------------------------------------------------------ add
+    def add(
+        self,
+        obs: np.ndarray | torch.Tensor,
+        actions: np.ndarray | torch.Tensor,
+        rewards: np.ndarray | torch.Tensor,
+        next_obs: np.ndarray | torch.Tensor,
+        terminated: np.ndarray | torch.Tensor,
+        truncated: np.ndarray | torch.Tensor,
+    ) -> None:
+        """Store one step of every env (arrays with a leading ``num_envs`` dimension).
+
+        As :meth:`ReplayBuffer.add <agent.replay.ReplayBuffer.add>`: ``next_obs`` is the
+        true next observation, ``terminated`` stops bootstrapping, ``truncated`` ends the
+        n-step windows but bootstraps. A ``terminated`` step whose env is not reset (a
+        lost life) is fine: the next ``obs`` continues the same frames.
+        """
+        obs = self._check_obs(obs, "obs")
+        next_obs = self._check_obs(next_obs, "next_obs")
+        actions = self._check_vector(actions, "actions", "iu")
+        rewards = self._check_vector(rewards, "rewards", "fiub")
+        terminated = self._check_vector(terminated, "terminated", "biu") != 0
+        truncated = self._check_vector(truncated, "truncated", "biu") != 0
+
+        # Vectorised checks over all envs: does obs continue, does next_obs slide by one?
+        cont = self._has_last & (obs == self._last_obs).reshape(self.num_envs, -1).all(1)
+        slide = (next_obs[:, :-1] == obs[:, 1:]).reshape(self.num_envs, -1).all(1)
+        self._last_obs[...] = next_obs
+        self._has_last[:] = True
+        ended = terminated | truncated
+        for e in range(self.num_envs):
+            obs_stack = self._cur_stack[e].copy() if cont[e] else self._new_segment(e, obs[e])
+            if slide[e]:
+                wpos = self._write(e, next_obs[e, -1])
+                next_stack = self._stack(e, wpos)
+            else:
+                next_stack = self._new_segment(e, next_obs[e])
+            self._cur_stack[e] = next_stack
+            self._push(
+                e,
+                obs_stack,
+                int(actions[e]),
+                float(rewards[e]),
+                next_stack,
+                bool(terminated[e]),
+                bool(ended[e]),
+            )
+
+    def _check_obs(self, x: Any, name: str) -> np.ndarray:
+        x = _as_numpy(x, name)
+        if x.shape != self._obs_in_shape:
+            raise ValueError(
+                f"{name}: expected shape {self._obs_in_shape} (num_envs, *obs_shape), "
+                f"got {tuple(x.shape)}"
+            )
+        if x.dtype != self._obs_in_dtype:
+            raise ValueError(f"{name}: expected dtype {self._obs_in_dtype}, got {x.dtype}")
+        return x
+
+    def _check_vector(self, x: Any, name: str, kinds: str) -> np.ndarray:
+        x = _as_numpy(x, name)
+        if x.shape != (self.num_envs,):
+            raise ValueError(
+                f"{name}: expected shape ({self.num_envs},) (num_envs,), got {tuple(x.shape)}"
+            )
+        if x.dtype.kind not in kinds:
+            raise ValueError(f"{name}: expected {_KIND_NAMES[kinds]} dtype, got {x.dtype}")
+        return x
+
+    def _write(self, e: int, frame: np.ndarray) -> int:
+        """Write one frame of env e; drop the transition whose oldest frame it overwrites."""
+        s = self.slots_per_env
+        w = int(self._count[e])
+        base = e * s
+        for slot in (w % s, (w + self.obs_shape[0] - 1) % s):
+            if self._valid[base + slot]:
+                self._valid[base + slot] = False
+                self._size -= 1
+        self._frames_np[base + w % s] = frame
+        self._count[e] = w + 1
+        return w
+
+    def _stack(self, e: int, w: int) -> np.ndarray:
+        """Flat frame indices (oldest first) of the stack whose newest frame is counter w."""
+        counters = np.maximum(w + self._stack_offsets, self._seg_start[e])
+        return e * self.slots_per_env + counters % self.slots_per_env
+
+    def _new_segment(self, e: int, stack: np.ndarray) -> np.ndarray:
+        """Write a stack that does not continue the env's frames; return its indices."""
+        if (stack[1:] == stack[:-1]).all():  # the reset frame, repeated: store it once
+            w = self._write(e, stack[-1])
+            self._seg_start[e] = w
+        else:
+            w = self._write(e, stack[0])
+            self._seg_start[e] = w
+            for frame in stack[1:]:
+                w = self._write(e, frame)
+        return self._stack(e, w)
+
+    def _push(
+        self,
+        e: int,
+        obs_stack: np.ndarray,
+        action: int,
+        reward: float,
+        next_stack: np.ndarray,
+        terminated: bool,
+        ended: bool,
+    ) -> None:
+        """Add one step to env e's n-step window; emit what it finishes."""
+        n = self.n_step
+        k = int(self._wlen[e])
+        self._win_obs[e, k] = obs_stack
+        self._win_act[e, k] = action
+        self._win_rew[e, k] = reward
+        k += 1
+        if k == n:  # a full window: its oldest step's n-step transition is done
+            ret = float(self._win_rew[e] @ self._gamma_pows[:n])
+            self._emit(self._win_obs[e, 0], self._win_act[e, 0], ret, next_stack, terminated, n)
+            self._win_obs[e, :-1] = self._win_obs[e, 1:].copy()
+            self._win_act[e, :-1] = self._win_act[e, 1:].copy()
+            self._win_rew[e, :-1] = self._win_rew[e, 1:].copy()
+            k -= 1
+        if ended:  # flush the shorter windows left, oldest first
+            for j in range(k):
+                steps = k - j
+                ret = float(self._win_rew[e, j:k] @ self._gamma_pows[:steps])
+                self._emit(
+                    self._win_obs[e, j], self._win_act[e, j], ret, next_stack, terminated, steps
+                )
+            k = 0
+        self._wlen[e] = k
+
+    def _emit(
+        self,
+        obs_stack: np.ndarray,
+        action: int,
+        ret: float,
+        next_stack: np.ndarray,
+        done: bool,
+        steps: int,
+    ) -> None:
+        i = int(obs_stack[-1])  # the slot of the obs's newest frame holds the transition
+        if not self._valid[i]:
+            self._valid[i] = True
+            self._size += 1
+        self._obs_idx_np[i] = obs_stack
+        self._next_idx_np[i] = next_stack
+        self._actions_np[i] = action
+        self._rewards_np[i] = ret
+        self._dones_np[i] = float(done)
+        self._discounts_np[i] = self._gamma_pows[steps]
+
+    # ------------------------------------------------------------------ sample
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
+        """``batch_size`` transitions drawn uniformly with replacement, on ``device``.
+
+        Draws slots with ``torch.randint`` (CPU ``generator``) and redraws those that
+        hold no transition; the same generator state gives the same batch.
+        """
+        size = self._size
+        if not isinstance(batch_size, int) or batch_size > size or batch_size <= 0:
+            raise ValueError(
+                f"sample(batch_size={batch_size}) needs 1 <= batch_size <= stored "
+                f"transitions, but the buffer holds {size}"
+            )
+        s = self.slots_per_env
+        used = int(min(s, self._count.max()))  # slots written in the fullest env
+        span = self.num_envs * used
+
+        def draw(k: int) -> torch.Tensor:
+            u = torch.randint(0, span, (k,), generator=generator)
+            return (u // used) * s + u % used
+
+        idx = draw(batch_size)
+        for _ in range(_MAX_REDRAWS):
+            bad = ~self._valid_t[idx]
+            n_bad = int(bad.sum())
+            if n_bad == 0:
+                break
+            idx[bad] = draw(n_bad)
+        else:  # almost never: an exact draw over the stored transitions
+            stored = self._valid_t.nonzero().squeeze(1)
+            idx = stored[torch.randint(0, len(stored), (batch_size,), generator=generator)]
+        return self._gather(idx)
+
+    def stored_slots(self) -> torch.Tensor:
+        """Flat slot ids of every stored transition (int64, ascending), for :meth:`gather`."""
+        return self._valid_t.nonzero().squeeze(1)
+
+    def gather(self, slots: torch.Tensor) -> Batch:
+        """The batch at flat slot ids (from :meth:`stored_slots`), on ``device``."""
+        slots = slots.to("cpu", torch.int64)
+        if not bool(self._valid_t[slots].all()):
+            raise ValueError("gather: some slots hold no transition")
+        return self._gather(slots)
+
+    def _gather(self, idx: torch.Tensor) -> Batch:
+        b = idx.shape[0]
+        c, h, w = self.obs_shape
+        obs_frames = self._obs_idx.index_select(0, idx).view(-1)  # (B*C,)
+        next_frames = self._next_idx.index_select(0, idx).view(-1)
+        if self._pinned:
+            return self._gather_pinned(idx, obs_frames, next_frames)
+        batch = Batch(
+            self._frames.index_select(0, obs_frames).view(b, c, h, w),
+            self._actions.index_select(0, idx),
+            self._rewards.index_select(0, idx),
+            self._frames.index_select(0, next_frames).view(b, c, h, w),
+            self._dones.index_select(0, idx),
+            self._discounts.index_select(0, idx),
+        )
+        if self._moves:
+            batch = Batch(*(t.to(self.device) for t in batch))
+        return batch
+
+    def _gather_pinned(
+        self, idx: torch.Tensor, obs_frames: torch.Tensor, next_frames: torch.Tensor
+    ) -> Batch:
+        """Host gather into a pinned staging slot, then a non-blocking copy on a side stream."""
+        b = idx.shape[0]
+        c, h, w = self.obs_shape
+        slots = self._sample_slots
+        if slots is None or slots.tensors[0][0].shape[0] != b:
+            if slots is not None:
+                slots.wait_all()  # never drop a slot a copy may still read
+            self._sample_slots = slots = _PinnedSlots(
+                [
+                    ((b, c, h, w), self.obs_dtype),
+                    ((b,), torch.int64),
+                    ((b,), self.float_dtype),
+                    ((b, c, h, w), self.obs_dtype),
+                    ((b,), self.float_dtype),
+                    ((b,), self.float_dtype),
+                ]
+            )
+        slot = slots.acquire()
+        st = slots.tensors[slot]
+        torch.index_select(self._frames, 0, obs_frames, out=st[0].view(b * c, h, w))
+        torch.index_select(self._actions, 0, idx, out=st[1])
+        torch.index_select(self._rewards, 0, idx, out=st[2])
+        torch.index_select(self._frames, 0, next_frames, out=st[3].view(b * c, h, w))
+        torch.index_select(self._dones, 0, idx, out=st[4])
+        torch.index_select(self._discounts, 0, idx, out=st[5])
+        compute = torch.cuda.current_stream(self.device)
+        copy_stream = self._copy_stream
+        assert copy_stream is not None
+        with torch.cuda.stream(copy_stream):
+            out = [t.to(self.device, non_blocking=True) for t in st]
+        slots.release(slot, copy_stream)
+        compute.wait_stream(copy_stream)
+        for t in out:
+            t.record_stream(compute)
+        return Batch(*out)
+
+    # ------------------------------------------------------------------ state
+    _CONFIG_KEYS = ("capacity", "obs_shape", "n_step", "gamma", "num_envs")
+    _HOST_ARRAYS = (
+        "_count",
+        "_seg_start",
+        "_cur_stack",
+        "_last_obs",
+        "_has_last",
+        "_win_obs",
+        "_win_act",
+        "_win_rew",
+        "_wlen",
+    )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: plain tensors and numbers only.
+
+        Loadable with ``torch.load(..., weights_only=True)``. The storage tensors share
+        memory with the buffer (like ``nn.Module.state_dict``): save before the next add.
+        """
+        state: dict[str, Any] = {
+            "capacity": self.capacity,
+            "obs_shape": list(self.obs_shape),
+            "n_step": self.n_step,
+            "gamma": self.gamma,
+            "num_envs": self.num_envs,
+            "size": self._size,
+        }
+        state.update(self._tensors)
+        for name in self._HOST_ARRAYS:
+            state[name.lstrip("_")] = torch.from_numpy(getattr(self, name).copy())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` from a buffer with the same configuration."""
+        expected = {
+            "capacity": self.capacity,
+            "obs_shape": list(self.obs_shape),
+            "n_step": self.n_step,
+            "gamma": self.gamma,
+            "num_envs": self.num_envs,
+        }
+        for key, want in expected.items():
+            if key not in state:
+                raise ValueError(f"replay state_dict: missing {key!r}")
+            got = list(state[key]) if key == "obs_shape" else state[key]
+            if got != want:
+                raise ValueError(f"replay state_dict: {key} is {got}, this buffer has {want}")
+        for name, t in self._tensors.items():
+            src = state.get(name)
+            if not isinstance(src, torch.Tensor) or src.dtype != t.dtype or src.shape != t.shape:
+                raise ValueError(
+                    f"replay state_dict: {name} must be a {t.dtype} tensor of shape "
+                    f"{tuple(t.shape)}"
+                )
+        for name in self._HOST_ARRAYS:
+            key = name.lstrip("_")
+            arr = getattr(self, name)
+            src = state.get(key)
+            if not isinstance(src, torch.Tensor) or tuple(src.shape) != arr.shape:
+                raise ValueError(f"replay state_dict: {key} must have shape {arr.shape}")
+        valid = state["valid"]
+        if int(valid.sum()) != int(state["size"]):
+            raise ValueError("replay state_dict: size does not match the stored transitions")
+        for name, t in self._tensors.items():
+            t.copy_(state[name])
+        for name in self._HOST_ARRAYS:
+            getattr(self, name)[...] = state[name.lstrip("_")].numpy()
+        self._size = int(state["size"])

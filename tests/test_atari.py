@@ -1,0 +1,385 @@
+"""Atari support: the frame replay (tested on a fake image env, no ale-py needed), reward
+clipping and terminal-on-life-loss in the loop, ALE preprocessing, and a Pong smoke run."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
+from agent.checkpoint import load_checkpoint
+from agent.config import load_config
+from agent.errors import UserError
+from agent.frame_replay import FrameReplayBuffer
+from agent.replay import Batch, ReplayBuffer
+from agent.train import train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- helpers
+def frames_vector_env(num_envs: int, padding: str = "reset", **kwargs) -> gym.vector.VectorEnv:
+    """Small (4, 8, 8) frame stacks of FrameEnv, autoreset disabled as in training."""
+    from gymnasium.wrappers import FrameStackObservation
+
+    from envs.testing import FrameEnv
+
+    def make() -> gym.Env:
+        return FrameStackObservation(FrameEnv(size=8, **kwargs), 4, padding_type=padding)
+
+    return gym.vector.SyncVectorEnv(
+        [make] * num_envs, autoreset_mode=gym.vector.AutoresetMode.DISABLED
+    )
+
+
+def drive(buffers, num_envs: int, steps: int, seed: int = 0, life_loss: bool = True, **kw):
+    """Step a frames vector env like agent/train.py does and add every step to ``buffers``.
+
+    A lost life is passed as terminated (the env is *not* reset), as the loop does with
+    terminal_on_life_loss. Returns the number of transitions added.
+    """
+    venv = frames_vector_env(num_envs, **kw)
+    rng = np.random.default_rng(seed)
+    obs, info = venv.reset(seed=[seed * 100 + i for i in range(num_envs)])
+    lives = info["lives"].copy()
+    for _ in range(steps):
+        actions = rng.integers(3, size=num_envs)
+        next_obs, rewards, terminated, truncated, info = venv.step(actions)
+        term = terminated | (info["lives"] < lives) if life_loss else terminated
+        lives = info["lives"].copy()
+        for buf in buffers:
+            buf.add(obs, actions, rewards, next_obs, term, truncated)
+        done = terminated | truncated
+        if done.any():
+            draws = rng.integers(1 << 30, size=num_envs)
+            seeds = [int(s) if d else None for s, d in zip(draws, done, strict=True)]
+            next_obs, info = venv.reset(seed=seeds, options={"reset_mask": done})
+            lives = np.where(info["_lives"], info["lives"], lives)
+        obs = next_obs
+    venv.close()
+    return steps * num_envs
+
+
+def transitions(batch: Batch) -> dict[bytes, tuple]:
+    """Transitions keyed by their obs bytes (unique: frames hold random pixels)."""
+    out = {}
+    for i in range(len(batch.actions)):
+        key = batch.obs[i].numpy().tobytes() + bytes([int(batch.actions[i])])
+        out[key] = (
+            batch.next_obs[i].numpy().tobytes(),
+            round(float(batch.rewards[i]), 5),
+            float(batch.dones[i]),
+            round(float(batch.discounts[i]), 6),
+        )
+    return out
+
+
+def all_of(buf) -> Batch:
+    if isinstance(buf, FrameReplayBuffer):
+        return buf.gather(buf.stored_slots())
+    return buf.gather(torch.arange(len(buf)))
+
+
+# --------------------------------------------------------------------------- frame replay
+@pytest.mark.parametrize("n_step", [1, 3])
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+@pytest.mark.parametrize("truncate", [False, True])
+def test_frame_replay_equals_full_observation_replay(n_step, padding, truncate) -> None:
+    """Every stack rebuilt from single frames equals the env's own stacked observation:
+    across episode starts, life losses (terminal without reset) and n-step windows."""
+    shape = (4, 8, 8)
+    full = ReplayBuffer(20_000, shape, np.uint8, device="cpu", n_step=n_step, num_envs=3)
+    frames = FrameReplayBuffer(20_000, shape, np.uint8, device="cpu", n_step=n_step, num_envs=3)
+    drive([full, frames], 3, 300, padding=padding, truncate=truncate)
+    assert len(frames) == len(full) > 800
+    assert transitions(all_of(frames)) == transitions(all_of(full))
+    # The reset stack ([f0] * 4) costs one frame, so about one frame per step is stored.
+    if padding == "reset":
+        assert frames._count.sum() < 1.1 * 900 + 3 * 60
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_frame_replay_ring_wrap_around(n_step) -> None:
+    """A small ring overwritten many times keeps only correct, recent transitions."""
+    shape = (4, 8, 8)
+    full = ReplayBuffer(20_000, shape, np.uint8, device="cpu", n_step=n_step, num_envs=3)
+    frames = FrameReplayBuffer(150, shape, np.uint8, device="cpu", n_step=n_step, num_envs=3)
+    drive([full, frames], 3, 400, padding="reset")
+    assert frames._count.min() > 5 * frames.slots_per_env  # wrapped several times
+    stored = transitions(all_of(frames))
+    expected = transitions(all_of(full))
+    assert 100 <= len(stored) <= 150 and len(stored) == len(frames)
+    for key, value in stored.items():
+        assert expected[key] == value
+    # Sampling draws only stored transitions, reproducibly.
+    a = frames.sample(64, torch.Generator().manual_seed(3))
+    b = frames.sample(64, torch.Generator().manual_seed(3))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    for key, value in transitions(a).items():
+        assert stored[key] == value
+
+
+def test_frame_replay_of_observations_that_are_not_stacks() -> None:
+    """Random images (no shared frames) still come back exactly, at C frames a step."""
+    rng = np.random.default_rng(0)
+    shape = (3, 6, 6)
+    full = ReplayBuffer(1_000, shape, np.uint8, device="cpu", n_step=2, num_envs=2)
+    frames = FrameReplayBuffer(1_000, shape, np.uint8, device="cpu", n_step=2, num_envs=2)
+    obs = rng.integers(0, 256, (2, *shape), dtype=np.uint8)
+    for t in range(60):
+        nxt = rng.integers(0, 256, (2, *shape), dtype=np.uint8)
+        end = np.array([t % 7 == 6, t % 11 == 10])
+        for buf in (full, frames):
+            buf.add(obs, np.array([t % 3, 1]), np.array([1.0, -1.0]), nxt, end, ~end & (t % 5 == 4))
+        obs = rng.integers(0, 256, (2, *shape), dtype=np.uint8) if end.any() else nxt
+    assert transitions(all_of(frames)) == transitions(all_of(full))
+
+
+def test_frame_replay_state_dict_round_trip() -> None:
+    shape = (4, 8, 8)
+    a = FrameReplayBuffer(120, shape, np.uint8, device="cpu", n_step=3, num_envs=2)
+    drive([a], 2, 150, seed=1)
+    blob = io.BytesIO()
+    torch.save(a.state_dict(), blob)
+    blob.seek(0)
+    b = FrameReplayBuffer(120, shape, np.uint8, device="cpu", n_step=3, num_envs=2)
+    b.load_state_dict(torch.load(blob, weights_only=True))
+    assert len(a) == len(b)
+    # Both continue identically (pending n-step windows and frame streams included).
+    drive([a, b], 2, 50, seed=2)
+    assert transitions(all_of(a)) == transitions(all_of(b))
+    ga, gb = (
+        a.sample(16, torch.Generator().manual_seed(0)),
+        b.sample(16, torch.Generator().manual_seed(0)),
+    )
+    assert all(torch.equal(x, y) for x, y in zip(ga, gb, strict=True))
+    other = FrameReplayBuffer(120, shape, np.uint8, device="cpu", n_step=1, num_envs=2)
+    with pytest.raises(ValueError, match="n_step"):
+        other.load_state_dict(a.state_dict())
+
+
+def test_frame_replay_memory_per_transition() -> None:
+    shape = (4, 84, 84)
+    frames = FrameReplayBuffer(1_000, shape, np.uint8, device="cpu")
+    full = ReplayBuffer(1_000, shape, np.uint8, device="cpu")
+    assert frames.bytes_per_transition < 84 * 84 + 100
+    assert full.bytes_per_transition > 2 * 4 * 84 * 84
+    batch = FrameReplayBuffer(100, (4, 8, 8), np.uint8, device="cpu")
+    assert batch.obs_dtype == torch.uint8
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"obs_shape": (4, 8, 8), "obs_dtype": np.float32}, "integer frames"),
+        ({"obs_shape": (8,)}, r"\(C, H, W\)"),
+        ({"obs_shape": (4, 8, 8), "capacity": 10}, "needs at least"),
+        ({"obs_shape": (4, 8, 8), "storage_device": "meta"}, "storage_device"),
+    ],
+)
+def test_frame_replay_bad_construction(kwargs, match) -> None:
+    args = {"capacity": 1_000, "obs_dtype": np.uint8, "device": "cpu", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        FrameReplayBuffer(**args)
+
+
+# --------------------------------------------------------------------------- the loop
+IMAGE_RUN = {
+    "total_steps": 400,
+    "num_envs": 2,
+    "learning_starts": 200,
+    "batch_size": 8,
+    "train_freq": 8,
+    "buffer_size": 2_000,
+    "hidden_sizes": [32],
+    "eval_interval": 0,
+    "eval_episodes": 2,
+    "confirm_episodes": 0,
+    "log_interval": 200,
+    "checkpoint_interval": 10_000,
+    "save_buffer": True,
+    "n_step": 1,
+    "device": "cpu",
+}
+
+
+def test_loop_clips_rewards_and_ends_bootstrapping_on_life_loss(tmp_path: Path) -> None:
+    cfg = load_config(
+        "envs.testing:NoisyDQN/Frames-v0",
+        overrides={**IMAGE_RUN, "clip_rewards": True, "terminal_on_life_loss": True},
+    )
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.status == "finished" and result.final_eval_return is not None
+    data = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    state = data["replay"]
+    assert "frames" in state  # the loop picked the frame replay for uint8 stacks
+    valid = state["valid"]
+    rewards, dones = state["rewards"][valid], state["dones"][valid]
+    assert set(rewards.tolist()) == {-1.0, 1.0}  # clipped: the env pays 2.0 and -0.5
+    # Logged returns are the raw score: sums of 2.0 and -0.5.
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    acc.Reload()
+    returns = [e.value for e in acc.Scalars("charts/episodic_return")]
+    lengths = [e.value for e in acc.Scalars("charts/episodic_length")]
+    assert any(r % 1 == 0.5 for r in returns)
+    episodes = len(returns)
+    # Every episode ends terminated, and loses a life every 4 steps (keeping the last):
+    # more dones than episodes, i.e. life losses were terminal for the replay.
+    lives_lost = sum(min((int(n) - 1) // 4, 2) for n in lengths)
+    assert lives_lost > 0
+    assert int(dones.sum()) >= episodes + lives_lost - 4  # a few may have been overwritten
+    # Rebuilt next stacks continue through a life loss: the step pixel keeps counting.
+    frames, obs_idx, next_idx = state["frames"], state["obs_idx"][valid], state["next_idx"][valid]
+    steps_obs = frames[obs_idx[:, -1]][:, 0, 0].long()
+    steps_next = frames[next_idx[:, -1]][:, 0, 0].long()
+    assert torch.equal(steps_next, steps_obs + 1)
+
+
+def test_life_loss_needs_lives(tmp_path: Path) -> None:
+    cfg = load_config(
+        "envs.testing:NoisyDQN/Cue-v0",
+        overrides={**IMAGE_RUN, "terminal_on_life_loss": True, "hidden_sizes": [8]},
+    )
+    with pytest.raises(UserError, match="terminal_on_life_loss needs an env"):
+        train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+
+
+def test_frame_replay_switch_and_resume(tmp_path: Path) -> None:
+    """frame_replay=false falls back to full observations; a resumed run is exact."""
+    base = {**IMAGE_RUN, "clip_rewards": True, "terminal_on_life_loss": True}
+    off = load_config("envs.testing:NoisyDQN/Frames-v0", overrides={**base, "frame_replay": False})
+    train(off, tmp_path / "off", progress=False, echo=lambda _: None)
+    assert "obs" in load_checkpoint(tmp_path / "off" / "checkpoints" / "last.pt")["replay"]
+
+    straight = load_config("envs.testing:NoisyDQN/Frames-v0", overrides=base)
+    train(straight, tmp_path / "a", progress=False, echo=lambda _: None)
+    half = load_config("envs.testing:NoisyDQN/Frames-v0", overrides={**base, "total_steps": 240})
+    train(half, tmp_path / "b", progress=False, echo=lambda _: None)
+    data = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert "lives" in data["envs"]
+    notes: list[str] = []
+    train(straight, tmp_path / "b", checkpoint=data, progress=False, echo=notes.append)
+    assert not any("afresh" in n for n in notes)
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    for key in a["q_network"]:
+        assert torch.equal(a["q_network"][key], b["q_network"][key]), key
+    assert torch.equal(a["replay"]["valid"], b["replay"]["valid"])
+
+
+# --------------------------------------------------------------------------- ALE
+def test_missing_atari_extra_is_one_line(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['ale_py'] = None\n"
+        "import run\n"
+        f"sys.exit(run.main(['--env', 'ALE/Pong-v5', '--run-dir', {str(tmp_path / 'r')!r}]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'pip install -e ".[atari]"' in lines[0], proc.stderr
+
+
+def test_ale_preprocessing() -> None:
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from envs import inspect_env, make_env
+
+    for env_id, sticky in (("ALE/Pong-v5", 0.25), ("PongNoFrameskip-v4", 0.0)):
+        spec = inspect_env(env_id)
+        assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == "uint8"
+        env = make_env(env_id)
+        ale_env = env.unwrapped
+        assert ale_env._frameskip == 1  # AtariPreprocessing skips (with max-pooling)
+        assert float(ale_env.ale.getFloat("repeat_action_probability")) == pytest.approx(sticky)
+        names = []
+        e = env
+        while isinstance(e, gym.Wrapper):
+            names.append(type(e).__name__)
+            e = e.env
+        assert "AtariPreprocessing" in names and "FrameStackObservation" in names
+        pre = next(w for w in _wrappers(env) if type(w).__name__ == "AtariPreprocessing")
+        assert pre.frame_skip == 4 and not pre.terminal_on_life_loss and pre.noop_max == 30
+        env.close()
+    # Real Pong frames through the frame replay come back exactly.
+    full = ReplayBuffer(2_000, (4, 84, 84), np.uint8, device="cpu", n_step=3, num_envs=2)
+    frames = FrameReplayBuffer(2_000, (4, 84, 84), np.uint8, device="cpu", n_step=3, num_envs=2)
+    from envs import make_vector_env
+
+    venv = make_vector_env("ALE/Pong-v5", 2)
+    obs, _ = venv.reset(seed=[1, 2])
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        actions = rng.integers(6, size=2)
+        nxt, r, te, tr, _ = venv.step(actions)
+        for buf in (full, frames):
+            buf.add(obs, actions, r, nxt, te, tr)
+        obs = nxt
+    venv.close()
+    assert transitions(all_of(frames)) == transitions(all_of(full))
+
+
+def _wrappers(env: gym.Env) -> list[gym.Env]:
+    out = []
+    while isinstance(env, gym.Wrapper):
+        out.append(env)
+        env = env.env
+    return out
+
+
+def test_atari_smoke_trains_checkpoints_and_evaluates(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    import json
+
+    import run
+
+    run_dir = tmp_path / "pong"
+    args = [
+        "--env", "ALE/Pong-v5", "--run-dir", str(run_dir), "--no-progress",
+        "--total-steps", "1200", "--device", "cpu", "--num-envs", "2",
+        "--set", "learning_starts=1000", "--set", "batch_size=8", "--set", "train_freq=8",
+        "--set", "buffer_size=4000", "--set", "eval_interval=0", "--set", "eval_episodes=1",
+        "--set", "confirm_episodes=0", "--set", "log_interval=200",
+        "--set", "checkpoint_interval=100000",
+    ]  # fmt: skip
+    assert run.main(args) == 0
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "finished" and result["global_step"] == 1200
+    assert result["updates"] == (1200 - 1000) // 8 + 1
+    assert -21 <= result["final_eval_return"] <= 21
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    data = load_checkpoint(ckpt)
+    assert data["obs_shape"] == [4, 84, 84] and data["config"]["clip_rewards"]
+    capsys.readouterr()
+    eval_args = ["--env", "ALE/Pong-v5", "--eval", str(ckpt), "--episodes", "1", "--json"]
+    code = run.main([*eval_args, "--device", "cpu"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["episodes"] == 1 and -21 <= report["mean_return"] <= 21
+
+
+@pytest.mark.gpu
+def test_frame_replay_pinned_path_matches_cpu() -> None:
+    shape = (4, 8, 8)
+    cpu = FrameReplayBuffer(400, shape, np.uint8, device="cpu", n_step=3, num_envs=2)
+    gpu = FrameReplayBuffer(400, shape, np.uint8, device="cuda", n_step=3, num_envs=2)
+    assert gpu.pinned and not cpu.pinned
+    drive([cpu, gpu], 2, 300)
+    for seed in range(3):  # back-to-back non-blocking samples, then compare
+        a = cpu.sample(32, torch.Generator().manual_seed(seed))
+        b = gpu.sample(32, torch.Generator().manual_seed(seed))
+        assert all(t.device.type == "cuda" for t in b)
+        assert all(torch.equal(x, y.cpu()) for x, y in zip(a, b, strict=True))
