@@ -1016,7 +1016,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         trials, definition = _trials_from_args(args)
         if args.ray_address is not None:
             _check_address(args.ray_address)  # before anything is written
-        _require_ray()
         sweep_dir = Path(args.run_dir) if args.run_dir else default_sweep_dir(args.env)
         if is_sweep_dir(sweep_dir):
             raise UserError(
@@ -1025,6 +1024,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             )
         if sweep_dir.exists() and (not sweep_dir.is_dir() or any(sweep_dir.iterdir())):
             raise UserError(f"{sweep_dir} exists and is not empty: pass another --run-dir")
+        _require_ray()  # after every check of the user's input, before anything is written
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
