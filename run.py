@@ -237,7 +237,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         dtype=getattr(torch, cfg.dtype),
     )
     q_network.load_state_dict(data["q_network"])
-    env = make_env(args.env, render_mode="rgb_array" if args.video else None)
+    # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
+    copies = 1 if args.video else min(args.episodes, 10)
+    envs = [
+        make_env(args.env, render_mode="rgb_array" if args.video else None) for _ in range(copies)
+    ]
     if args.video:
         try:
             import moviepy  # noqa: F401  (RecordVideo needs it)
@@ -245,12 +249,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _user_error('--video needs the video extra: pip install -e ".[video]"')
         from gymnasium.wrappers import RecordVideo
 
-        env = RecordVideo(env, args.video, episode_trigger=lambda _: True, disable_logger=True)
+        envs = [
+            RecordVideo(envs[0], args.video, episode_trigger=lambda _: True, disable_logger=True)
+        ]
     seed = cfg.seed if args.seed is None else args.seed
     torch.manual_seed(seed)
-    selector = ActionSelector(q_network, spec.obs_shape, 1, device, noise=args.noise == "on")
-    result = run_episodes(selector, env, args.episodes, seed=seed, stream=2)
-    env.close()
+    selector = ActionSelector(
+        q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
+    )
+    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
+    for env in envs:
+        env.close()
     print(
         f"{args.env}: mean return {result.mean:.2f} +/- {result.std:.2f} over {args.episodes} "
         f"episodes (noise {args.noise}, checkpoint {args.eval})"

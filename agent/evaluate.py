@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -32,29 +32,56 @@ class EvalResult:
 
 def run_episodes(
     policy: Callable[[np.ndarray], np.ndarray],
-    env: gym.Env,
+    envs: Sequence[gym.Env],
     episodes: int,
     *,
     seed: int,
     round_index: int = 0,
     stream: int = EVAL_STREAM,
 ) -> EvalResult:
-    """Play ``episodes`` full episodes of ``env`` with ``policy`` (batch of 1 in, actions out).
+    """Play ``episodes`` full episodes with ``policy`` on ``len(envs)`` copies at once.
+
+    ``policy`` maps a batch ``(len(envs), *obs_shape)`` to actions; one call
+    serves every copy, which makes evaluation several times cheaper than one
+    env at a time (the per-call cost of acting is paid once per batch). A copy
+    whose episodes are done keeps feeding its last observation; its actions are
+    ignored.
 
     Episode ``k`` of evaluation round ``round_index`` is reset with its own seed,
-    so an evaluation is reproducible and independent of training's envs
+    whichever copy plays it, so a deterministic policy scores the same for any
+    number of copies, and evaluation is independent of training's envs
     (stream 0). Periodic evaluations during training use stream 1; ``run.py
     --eval`` uses stream 2, episodes the agent was never selected on.
     """
     returns = np.zeros(episodes, dtype=np.float64)
     lengths = np.zeros(episodes, dtype=np.int64)
-    for k in range(episodes):
-        obs, _ = env.reset(seed=episode_seed(seed, round_index, k, stream=stream))
-        done = False
-        while not done:
-            action = int(policy(obs[None])[0])
-            obs, reward, terminated, truncated, _ = env.step(action)
+    playing = [-1] * len(envs)  # episode index each copy plays, -1 when idle
+    next_episode = 0
+    batch: np.ndarray | None = None
+
+    def start(i: int) -> None:
+        nonlocal next_episode, batch
+        if next_episode >= episodes:
+            playing[i] = -1
+            return
+        obs, _ = envs[i].reset(seed=episode_seed(seed, round_index, next_episode, stream=stream))
+        if batch is None:
+            batch = np.zeros((len(envs), *np.shape(obs)), dtype=np.asarray(obs).dtype)
+        batch[i] = obs
+        playing[i] = next_episode
+        next_episode += 1
+
+    for i in range(len(envs)):
+        start(i)
+    while batch is not None and any(k >= 0 for k in playing):
+        actions = policy(batch)
+        for i, k in enumerate(playing):
+            if k < 0:
+                continue
+            obs, reward, terminated, truncated, _ = envs[i].step(int(actions[i]))
+            batch[i] = obs
             returns[k] += float(reward)
             lengths[k] += 1
-            done = terminated or truncated
+            if terminated or truncated:
+                start(i)
     return EvalResult(returns, lengths)

@@ -29,6 +29,9 @@ from envs import episode_seed, inspect_env, make_env, make_vector_env
 
 __all__ = ["TrainResult", "resolve_device", "train"]
 
+# Evaluation episodes played at once (one batched action per step for all of them).
+EVAL_BATCH = 10
+
 
 @dataclass
 class TrainResult:
@@ -163,7 +166,8 @@ def train(
         torch.set_num_threads(cfg.torch_threads)
     seed_everything(cfg.seed)
     envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector)
-    eval_env = make_env(cfg.env_id)
+    # Evaluation plays up to eval_batch episodes at once on its own env copies.
+    eval_envs = [make_env(cfg.env_id) for _ in range(min(EVAL_BATCH, cfg.eval_episodes))]
     n = cfg.num_envs
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
 
@@ -203,7 +207,7 @@ def train(
         noise=noisy_acting,
         noise_interval=cfg.noise_interval,
     )
-    greedy = ActionSelector(q_network, spec.obs_shape, 1, device, noise=False)
+    greedy = ActionSelector(q_network, spec.obs_shape, len(eval_envs), device, noise=False)
     learner = Learner(
         q_network,
         target_network,
@@ -312,7 +316,8 @@ def train(
             lives = _lives(info, None)
     if cfg.terminal_on_life_loss and lives is None:
         envs.close()
-        eval_env.close()
+        for env in eval_envs:
+            env.close()
         raise UserError(
             f"terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
             f"{cfg.env_id} does not: --set terminal_on_life_loss=false"
@@ -400,7 +405,7 @@ def train(
             # --- evaluate the noise-free policy; stop early once solved ---
             if cfg.eval_interval and crossed(global_step, n, cfg.eval_interval):
                 result = run_episodes(
-                    greedy, eval_env, cfg.eval_episodes, seed=cfg.seed, round_index=eval_round
+                    greedy, eval_envs, cfg.eval_episodes, seed=cfg.seed, round_index=eval_round
                 )
                 eval_round += 1
                 eval_curve.append((global_step, result.mean))
@@ -415,7 +420,7 @@ def train(
                     if cfg.confirm_episodes:
                         confirm = run_episodes(
                             greedy,
-                            eval_env,
+                            eval_envs,
                             cfg.confirm_episodes,
                             seed=cfg.seed,
                             round_index=eval_round,
@@ -444,7 +449,7 @@ def train(
     elif status != "interrupted":
         episodes = cfg.confirm_episodes or cfg.eval_episodes
         final_eval = run_episodes(
-            greedy, eval_env, episodes, seed=cfg.seed, round_index=eval_round
+            greedy, eval_envs, episodes, seed=cfg.seed, round_index=eval_round
         ).mean
         monitor.scalars(global_step, {"eval/final_mean_return": final_eval})
     result = TrainResult(
@@ -465,6 +470,7 @@ def train(
         monitor.hparams(cfg.to_dict(), hp_results)
     monitor.close()
     envs.close()
-    eval_env.close()
+    for env in eval_envs:
+        env.close()
     return result
 

@@ -1,0 +1,60 @@
+"""Evaluation: batched episodes equal sequential ones, every episode is played once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
+from agent.acting import ActionSelector
+from agent.evaluate import run_episodes
+from agent.networks import QNetwork
+from envs import make_env
+
+
+@pytest.mark.parametrize("copies", [2, 3, 10])
+def test_batched_evaluation_equals_one_env_at_a_time(copies: int) -> None:
+    torch.manual_seed(0)
+    q = QNetwork((4,), 2, (16,))
+    one = run_episodes(
+        ActionSelector(q, (4,), 1, noise=False), [make_env("CartPole-v1")], 7, seed=3
+    )
+    many = run_episodes(
+        ActionSelector(q, (4,), copies, noise=False),
+        [make_env("CartPole-v1") for _ in range(copies)],
+        7,
+        seed=3,
+    )
+    np.testing.assert_array_equal(one.returns, many.returns)
+    np.testing.assert_array_equal(one.lengths, many.lengths)
+    # CartPole pays 1 per step: a return is its episode's length.
+    np.testing.assert_array_equal(many.returns, many.lengths)
+
+
+def test_every_episode_is_played_to_its_end() -> None:
+    # Cue-v0 episodes terminate after exactly 5 steps; the policy always plays 1.
+    calls: list[int] = []
+
+    def policy(batch: np.ndarray) -> np.ndarray:
+        calls.append(len(batch))
+        return np.ones(len(batch), dtype=np.int64)
+
+    result = run_episodes(policy, [make_env("NoisyDQN/Cue-v0") for _ in range(3)], 8, seed=0)
+    np.testing.assert_array_equal(result.lengths, np.full(8, 5))
+    assert ((result.returns >= 0) & (result.returns <= 5)).all()
+    # 8 episodes of 5 steps on 3 copies: ceil(8 / 3) = 3 rounds of 5 batched calls.
+    assert calls == [3] * 15
+
+
+def test_round_and_stream_change_the_episodes() -> None:
+    def policy(batch: np.ndarray) -> np.ndarray:
+        return np.ones(len(batch), dtype=np.int64)
+
+    env = [make_env("NoisyDQN/Cue-v0")]
+    a = run_episodes(policy, env, 20, seed=0, round_index=0).returns
+    b = run_episodes(policy, env, 20, seed=0, round_index=1).returns
+    c = run_episodes(policy, env, 20, seed=0, round_index=0, stream=2).returns
+    again = run_episodes(policy, env, 20, seed=0, round_index=0).returns
+    np.testing.assert_array_equal(a, again)
+    assert not np.array_equal(a, b) and not np.array_equal(a, c)
