@@ -64,7 +64,8 @@ class Config:
     exploration: Literal["noisy", "epsilon"] = "noisy"
     """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy with the noise off."""
     noise_interval: int = 1
-    """Acting resamples the online net's noise every this many steps (1 in the paper)."""
+    """Acting resamples the online net's noise every this many steps (1 in the paper); updates
+    resample it too, so with k > 1 acting uses the noise of the latest resample of either."""
     epsilon_start: float = 1.0
     """Epsilon-greedy only: initial probability of a random action."""
     epsilon_end: float = 0.05
