@@ -55,14 +55,13 @@ import torch
 
 from agent.replay import (
     _FLOAT_DTYPES,
-    _KIND_NAMES,
     Batch,
-    _as_numpy,
     _is_cuda,
     _normalize_device,
     _numpy_dtype,
     _PinnedSlots,
     _torch_dtype,
+    check_step,
 )
 
 __all__ = ["FrameReplayBuffer"]
@@ -239,12 +238,13 @@ class FrameReplayBuffer:
         n-step windows but bootstraps. A ``terminated`` step whose env is not reset (a
         lost life) is fine: the next ``obs`` continues the same frames.
         """
-        obs = self._check_obs(obs, "obs")
-        next_obs = self._check_obs(next_obs, "next_obs")
-        actions = self._check_vector(actions, "actions", "iu")
-        rewards = self._check_vector(rewards, "rewards", "fiub")
-        terminated = self._check_vector(terminated, "terminated", "biu") != 0
-        truncated = self._check_vector(truncated, "truncated", "biu") != 0
+        obs, actions, rewards, next_obs, terminated, truncated = check_step(
+            (obs, actions, rewards, next_obs, terminated, truncated),
+            self._obs_in_shape,
+            self._obs_in_dtype,
+            self.num_envs,
+        )
+        terminated, truncated = terminated != 0, truncated != 0
 
         # Vectorised checks over all envs: does obs continue, does next_obs slide by one?
         cont = self._has_last & (obs == self._last_obs).reshape(self.num_envs, -1).all(1)
@@ -269,27 +269,6 @@ class FrameReplayBuffer:
                 bool(terminated[e]),
                 bool(ended[e]),
             )
-
-    def _check_obs(self, x: Any, name: str) -> np.ndarray:
-        x = _as_numpy(x, name)
-        if x.shape != self._obs_in_shape:
-            raise ValueError(
-                f"{name}: expected shape {self._obs_in_shape} (num_envs, *obs_shape), "
-                f"got {tuple(x.shape)}"
-            )
-        if x.dtype != self._obs_in_dtype:
-            raise ValueError(f"{name}: expected dtype {self._obs_in_dtype}, got {x.dtype}")
-        return x
-
-    def _check_vector(self, x: Any, name: str, kinds: str) -> np.ndarray:
-        x = _as_numpy(x, name)
-        if x.shape != (self.num_envs,):
-            raise ValueError(
-                f"{name}: expected shape ({self.num_envs},) (num_envs,), got {tuple(x.shape)}"
-            )
-        if x.dtype.kind not in kinds:
-            raise ValueError(f"{name}: expected {_KIND_NAMES[kinds]} dtype, got {x.dtype}")
-        return x
 
     def _write(self, e: int, frame: np.ndarray) -> int:
         """Write one frame of env e; drop the transition whose oldest frame it overwrites."""

@@ -110,6 +110,50 @@ def _is_cuda(dev: torch.device) -> bool:
     # A type test, not a placement: pinning and streams exist only for CUDA targets.
     return dev.type == "cuda"
 
+def check_step(
+    step: tuple[Any, Any, Any, Any, Any, Any],
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype,
+    num_envs: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(obs, actions, rewards, next_obs, terminated, truncated)`` of one vector-env step
+    as numpy arrays, or ValueError naming what was expected and what came.
+
+    ``obs_shape`` is the batch shape ``(num_envs, *obs_shape)``; shared by every buffer.
+    """
+    obs, actions, rewards, next_obs, terminated, truncated = step
+
+    def frames(x: Any, name: str) -> np.ndarray:
+        x = _as_numpy(x, name)
+        if x.shape != obs_shape:
+            raise ValueError(
+                f"{name}: expected shape {obs_shape} (num_envs, *obs_shape), "
+                f"got {tuple(x.shape)}"
+            )
+        if x.dtype != obs_dtype:
+            raise ValueError(f"{name}: expected dtype {obs_dtype}, got {x.dtype}")
+        return x
+
+    def vector(x: Any, name: str, kinds: str) -> np.ndarray:
+        x = _as_numpy(x, name)
+        if x.shape != (num_envs,):
+            raise ValueError(
+                f"{name}: expected shape ({num_envs},) (num_envs,), got {tuple(x.shape)}"
+            )
+        if x.dtype.kind not in kinds:
+            raise ValueError(f"{name}: expected {_KIND_NAMES[kinds]} dtype, got {x.dtype}")
+        return x
+
+    return (
+        frames(obs, "obs"),
+        vector(actions, "actions", "iu"),
+        vector(rewards, "rewards", "fiub"),
+        frames(next_obs, "next_obs"),
+        vector(terminated, "terminated", "biu"),
+        vector(truncated, "truncated", "biu"),
+    )
+
+
 
 class _PinnedSlots:
     """``slots`` sets of pinned host tensors, reused round-robin (CUDA only).
@@ -317,12 +361,12 @@ class ReplayBuffer:
         ended. ``terminated`` stops bootstrapping; ``truncated`` (a time limit) ends
         the n-step windows but still bootstraps from ``next_obs``.
         """
-        obs = self._check_obs(obs, "obs")
-        next_obs = self._check_obs(next_obs, "next_obs")
-        actions = self._check_vector(actions, "actions", "iu")
-        rewards = self._check_vector(rewards, "rewards", "fiub")
-        terminated = self._check_vector(terminated, "terminated", "biu")
-        truncated = self._check_vector(truncated, "truncated", "biu")
+        obs, actions, rewards, next_obs, terminated, truncated = check_step(
+            (obs, actions, rewards, next_obs, terminated, truncated),
+            self._obs_in_shape,
+            self._obs_in_dtype,
+            self.num_envs,
+        )
         if terminated.dtype != np.bool_:
             terminated = terminated != 0
         if truncated.dtype != np.bool_:
@@ -337,27 +381,6 @@ class ReplayBuffer:
             self._add_nstep(obs, actions, rewards, next_obs, terminated, truncated)
         if self._write_slots is not None:
             self._commit_staged()
-
-    def _check_obs(self, x: Any, name: str) -> np.ndarray:
-        x = _as_numpy(x, name)
-        if x.shape != self._obs_in_shape:
-            raise ValueError(
-                f"{name}: expected shape {self._obs_in_shape} (num_envs, *obs_shape), "
-                f"got {tuple(x.shape)}"
-            )
-        if x.dtype != self._obs_in_dtype:
-            raise ValueError(f"{name}: expected dtype {self._obs_in_dtype}, got {x.dtype}")
-        return x
-
-    def _check_vector(self, x: Any, name: str, kinds: str) -> np.ndarray:
-        x = _as_numpy(x, name)
-        if x.shape != (self.num_envs,):
-            raise ValueError(
-                f"{name}: expected shape ({self.num_envs},) (num_envs,), got {tuple(x.shape)}"
-            )
-        if x.dtype.kind not in kinds:
-            raise ValueError(f"{name}: expected {_KIND_NAMES[kinds]} dtype, got {x.dtype}")
-        return x
 
     def _add_nstep(
         self,
