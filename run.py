@@ -212,8 +212,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agent.checkpoint import check_compatible, load_checkpoint
     from agent.config import config_from_dict
     from agent.evaluate import run_episodes
-    from agent.networks import QNetwork
-    from agent.train import resolve_device
+    from agent.train import build_q_network, resolve_device
     from envs import inspect_env, make_env
 
     if not args.env:
@@ -226,16 +225,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = config_from_dict(dict(data["config"]), str(args.eval))
     device = resolve_device(args.device or "auto")
     torch.set_num_threads(1)
-    q_network = QNetwork(
-        spec.obs_shape,
-        spec.n_actions,
-        cfg.hidden_sizes,
-        noisy_layers=cfg.noisy_layers,
-        sigma0=cfg.sigma0,
-        dueling=cfg.dueling,
-        device=device,
-        dtype=getattr(torch, cfg.dtype),
-    )
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
     q_network.load_state_dict(data["q_network"])
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
     copies = 1 if args.video else min(args.episodes, 10)

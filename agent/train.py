@@ -27,7 +27,7 @@ from agent.frame_replay import FrameReplayBuffer
 from agent.replay import ReplayBuffer
 from envs import episode_seed, inspect_env, make_env, make_vector_env
 
-__all__ = ["TrainResult", "resolve_device", "train"]
+__all__ = ["TrainResult", "build_q_network", "resolve_device", "train"]
 
 # Evaluation episodes played at once (one batched action per step for all of them).
 EVAL_BATCH = 10
@@ -60,6 +60,22 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available here; use --device cpu or auto")
     return device
+
+
+def build_q_network(
+    cfg: Config, obs_shape: tuple[int, ...], n_actions: int, device: torch.device
+) -> QNetwork:
+    """The Q-network a config describes (training builds it, evaluation rebuilds it)."""
+    return QNetwork(
+        obs_shape,
+        n_actions,
+        cfg.hidden_sizes,
+        noisy_layers=cfg.noisy_layers,
+        sigma0=cfg.sigma0,
+        dueling=cfg.dueling,
+        device=device,
+        dtype=getattr(torch, cfg.dtype),
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -176,16 +192,7 @@ def train(
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
 
     # --- agent: online and target networks, replay, acting, learning ---
-    q_network = QNetwork(
-        spec.obs_shape,
-        spec.n_actions,
-        cfg.hidden_sizes,
-        noisy_layers=cfg.noisy_layers,
-        sigma0=cfg.sigma0,
-        dueling=cfg.dueling,
-        device=device,
-        dtype=dtype,
-    )
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
     target_network = copy.deepcopy(q_network)
     # Image stacks (C, H, W) of integer frames: each frame stored once (agent/frame_replay.py).
     frames = cfg.frame_replay and len(spec.obs_shape) == 3 and spec.obs_dtype == "uint8"
