@@ -54,13 +54,13 @@ import numpy as np
 import torch
 
 from agent.replay import (
-    _FLOAT_DTYPES,
     Batch,
     _is_cuda,
     _normalize_device,
     _numpy_dtype,
     _PinnedSlots,
     _torch_dtype,
+    check_arguments,
     check_step,
 )
 
@@ -96,22 +96,9 @@ class FrameReplayBuffer:
         num_envs: int = 1,
         float_dtype: torch.dtype = torch.float32,
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
-            raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        if not (0.0 < float(gamma) <= 1.0):
-            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
-        try:
-            obs_shape = tuple(int(d) for d in obs_shape)
-        except TypeError as err:
-            raise ValueError(f"obs_shape must be a tuple of ints, got {obs_shape!r}") from err
-        if len(obs_shape) != 3 or any(d <= 0 for d in obs_shape):
+        obs_shape = check_arguments(capacity, obs_shape, n_step, gamma, num_envs, float_dtype)
+        if len(obs_shape) != 3:
             raise ValueError(f"obs_shape must be (C, H, W) with positive sizes, got {obs_shape}")
-        if float_dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"float_dtype must be one of {_FLOAT_DTYPES}, got {float_dtype!r}")
         self._obs_in_dtype = _numpy_dtype(obs_dtype, "obs_dtype")
         if not np.issubdtype(self._obs_in_dtype, np.integer):
             raise ValueError(

@@ -110,6 +110,30 @@ def _is_cuda(dev: torch.device) -> bool:
     # A type test, not a placement: pinning and streams exist only for CUDA targets.
     return dev.type == "cuda"
 
+
+def check_arguments(
+    capacity: Any, obs_shape: Any, n_step: Any, gamma: Any, num_envs: Any, float_dtype: Any
+) -> tuple[int, ...]:
+    """The constructor checks every buffer shares; returns ``obs_shape`` as a tuple of ints."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
+        raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    if not (0.0 < float(gamma) <= 1.0):
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+    try:
+        obs_shape = tuple(int(d) for d in obs_shape)
+    except TypeError as err:
+        raise ValueError(f"obs_shape must be a tuple of ints, got {obs_shape!r}") from err
+    if any(d <= 0 for d in obs_shape):
+        raise ValueError(f"obs_shape must have positive sizes, got {obs_shape}")
+    if float_dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"float_dtype must be one of {_FLOAT_DTYPES}, got {float_dtype!r}")
+    return obs_shape
+
+
 def check_step(
     step: tuple[Any, Any, Any, Any, Any, Any],
     obs_shape: tuple[int, ...],
@@ -127,8 +151,7 @@ def check_step(
         x = _as_numpy(x, name)
         if x.shape != obs_shape:
             raise ValueError(
-                f"{name}: expected shape {obs_shape} (num_envs, *obs_shape), "
-                f"got {tuple(x.shape)}"
+                f"{name}: expected shape {obs_shape} (num_envs, *obs_shape), got {tuple(x.shape)}"
             )
         if x.dtype != obs_dtype:
             raise ValueError(f"{name}: expected dtype {obs_dtype}, got {x.dtype}")
@@ -152,7 +175,6 @@ def check_step(
         vector(terminated, "terminated", "biu"),
         vector(truncated, "truncated", "biu"),
     )
-
 
 
 class _PinnedSlots:
@@ -229,22 +251,7 @@ class ReplayBuffer:
         num_envs: int = 1,
         float_dtype: torch.dtype = torch.float32,
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
-            raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        if not (0.0 < float(gamma) <= 1.0):
-            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
-        try:
-            obs_shape = tuple(int(d) for d in obs_shape)
-        except TypeError as err:
-            raise ValueError(f"obs_shape must be a tuple of ints, got {obs_shape!r}") from err
-        if any(d <= 0 for d in obs_shape):
-            raise ValueError(f"obs_shape must have positive sizes, got {obs_shape}")
-        if float_dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"float_dtype must be one of {_FLOAT_DTYPES}, got {float_dtype!r}")
+        obs_shape = check_arguments(capacity, obs_shape, n_step, gamma, num_envs, float_dtype)
 
         self.capacity = capacity
         self.obs_shape = obs_shape
