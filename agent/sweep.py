@@ -1040,27 +1040,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "trials": [t.__dict__ for t in trials],
         }
         write_manifest(sweep_dir, manifest)
-        try:
-            return run_sweep(
-                sweep_dir,
-                manifest,
-                trials,
-                ray_address=args.ray_address,
-                retries=retries,
-                progress=not args.no_progress,
-            )
-        except UserError:
-            if [p.name for p in sweep_dir.iterdir()] == [MANIFEST]:  # Ray never started
-                shutil.rmtree(sweep_dir)
-            raise
-    return run_sweep(
-        sweep_dir,
-        manifest,
-        trials,
-        ray_address=args.ray_address,
-        retries=retries,
-        progress=not args.no_progress,
-    )
+    try:
+        return run_sweep(
+            sweep_dir,
+            manifest,
+            trials,
+            ray_address=args.ray_address,
+            retries=retries,
+            progress=not args.no_progress,
+        )
+    except UserError:
+        # A new sweep whose Ray never started leaves nothing behind but its manifest.
+        if not args.resume and [p.name for p in sweep_dir.iterdir()] == [MANIFEST]:
+            shutil.rmtree(sweep_dir)
+        raise
 
 
 def _require_ray_if_needed(sweep_dir: Path, trials: list[Trial]) -> None:
