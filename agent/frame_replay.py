@@ -61,6 +61,8 @@ from agent.replay import (
     _PinnedSlots,
     _torch_dtype,
     check_arguments,
+    check_config_state,
+    config_state,
     check_step,
 )
 
@@ -444,7 +446,6 @@ class FrameReplayBuffer:
         return Batch(*out)
 
     # ------------------------------------------------------------------ state
-    _CONFIG_KEYS = ("capacity", "obs_shape", "n_step", "gamma", "num_envs")
     _HOST_ARRAYS = (
         "_count",
         "_seg_start",
@@ -463,14 +464,7 @@ class FrameReplayBuffer:
         Loadable with ``torch.load(..., weights_only=True)``. The storage tensors share
         memory with the buffer (like ``nn.Module.state_dict``): save before the next add.
         """
-        state: dict[str, Any] = {
-            "capacity": self.capacity,
-            "obs_shape": list(self.obs_shape),
-            "n_step": self.n_step,
-            "gamma": self.gamma,
-            "num_envs": self.num_envs,
-            "size": self._size,
-        }
+        state: dict[str, Any] = {**config_state(self), "size": self._size}
         state.update(self._tensors)
         for name in self._HOST_ARRAYS:
             state[name.lstrip("_")] = torch.from_numpy(getattr(self, name).copy())
@@ -478,19 +472,7 @@ class FrameReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` from a buffer with the same configuration."""
-        expected = {
-            "capacity": self.capacity,
-            "obs_shape": list(self.obs_shape),
-            "n_step": self.n_step,
-            "gamma": self.gamma,
-            "num_envs": self.num_envs,
-        }
-        for key, want in expected.items():
-            if key not in state:
-                raise ValueError(f"replay state_dict: missing {key!r}")
-            got = list(state[key]) if key == "obs_shape" else state[key]
-            if got != want:
-                raise ValueError(f"replay state_dict: {key} is {got}, this buffer has {want}")
+        check_config_state(self, state)
         for name, t in self._tensors.items():
             src = state.get(name)
             if not isinstance(src, torch.Tensor) or src.dtype != t.dtype or src.shape != t.shape:

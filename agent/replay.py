@@ -111,6 +111,27 @@ def _is_cuda(dev: torch.device) -> bool:
     return dev.type == "cuda"
 
 
+def config_state(buffer: Any) -> dict[str, Any]:
+    """The configuration a buffer's state_dict records and a loading buffer must match."""
+    return {
+        "capacity": buffer.capacity,
+        "obs_shape": list(buffer.obs_shape),
+        "n_step": buffer.n_step,
+        "gamma": buffer.gamma,
+        "num_envs": buffer.num_envs,
+    }
+
+
+def check_config_state(buffer: Any, state: dict[str, Any]) -> None:
+    """ValueError unless ``state`` was saved by a buffer configured like ``buffer``."""
+    for key, want in config_state(buffer).items():
+        if key not in state:
+            raise ValueError(f"replay state_dict: missing {key!r}")
+        got = list(state[key]) if key == "obs_shape" else state[key]
+        if got != want:
+            raise ValueError(f"replay state_dict: {key} is {got}, this buffer has {want}")
+
+
 def check_arguments(
     capacity: Any, obs_shape: Any, n_step: Any, gamma: Any, num_envs: Any, float_dtype: Any
 ) -> tuple[int, ...]:
@@ -636,11 +657,7 @@ class ReplayBuffer:
             for name, t in zip(names, self._fields, strict=True)
         }
         return {
-            "capacity": self.capacity,
-            "obs_shape": list(self.obs_shape),
-            "n_step": self.n_step,
-            "gamma": self.gamma,
-            "num_envs": self.num_envs,
+            **config_state(self),
             "pos": self._pos,
             "size": size,
             "t": self._t,
@@ -653,19 +670,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` from a buffer with the same configuration."""
-        expected = {
-            "capacity": self.capacity,
-            "obs_shape": list(self.obs_shape),
-            "n_step": self.n_step,
-            "gamma": self.gamma,
-            "num_envs": self.num_envs,
-        }
-        for key, want in expected.items():
-            if key not in state:
-                raise ValueError(f"replay state_dict: missing {key!r}")
-            got = list(state[key]) if key == "obs_shape" else state[key]
-            if got != want:
-                raise ValueError(f"replay state_dict: {key} is {got}, this buffer has {want}")
+        check_config_state(self, state)
         size = int(state["size"])
         if not 0 <= size <= self.capacity:
             raise ValueError(f"replay state_dict: size {size} outside [0, {self.capacity}]")
