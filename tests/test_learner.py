@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import copy
 import io
-from typing import NamedTuple
-
 import pytest
 import torch
 from conftest import DEVICES
 
 from agent.learner import Learner, NonFiniteError, td_target
 from agent.networks import QNetwork
-
-
-class Batch(NamedTuple):
-    obs: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
-    next_obs: torch.Tensor
-    dones: torch.Tensor
-    discounts: torch.Tensor
+from agent.replay import Batch
 
 
 def _batch(
