@@ -1,0 +1,155 @@
+"""Adam for the learner's hot loop: one fused kernel per step, gradients in one flat buffer.
+
+The update is ``torch.optim.Adam``'s (no weight decay, no amsgrad), computed by the
+same fused kernel that ``torch.optim.Adam(fused=True)`` calls. What differs is the
+cost around it, which is what a tiny network on a CPU pays for (4-128-128-2 MLP,
+measured in ``bench/learner.py``):
+
+* ``torch.optim.Adam.step`` spends ~0.1 ms per call in Python before its kernel,
+  and its first call imports ``torch._dynamo`` (~1.5 s of every run's start-up);
+* ``clip_grad_norm_`` and ``zero_grad`` walk the parameters one by one; here every
+  parameter's ``.grad`` is a view of one flat buffer (autograd accumulates into
+  an existing ``.grad`` in place), so zeroing and clipping are one op each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["Adam"]
+
+
+class Adam:
+    """Adam over a fixed list of parameters, with global-norm gradient clipping.
+
+    Args:
+        params: the parameters to train (all on one device, one dtype).
+        lr: learning rate.
+        betas: decay rates of the first and second moment estimates.
+        eps: added to the denominator (``sqrt(v_hat) + eps``), as in ``torch.optim.Adam``.
+
+    Call :meth:`zero_grad` before ``backward``: it also re-attaches the flat
+    gradient views, should anything have replaced a ``.grad``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("Adam needs at least one parameter")
+        first = self.params[0]
+        if any(p.device != first.device or p.dtype != first.dtype for p in self.params):
+            raise ValueError("Adam needs all parameters on one device with one dtype")
+        if not (lr > 0 and eps >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid Adam settings: lr={lr}, betas={betas}, eps={eps}")
+        self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
+        factory = {"device": first.device, "dtype": first.dtype}
+        total = sum(p.numel() for p in self.params)
+        self.flat_grad = torch.zeros(total, **factory)
+        self.exp_avg = torch.zeros(total, **factory)
+        self.exp_avg_sq = torch.zeros(total, **factory)
+        self._grads = self._views(self.flat_grad)
+        self._exp_avgs = self._views(self.exp_avg)
+        self._exp_avg_sqs = self._views(self.exp_avg_sq)
+        # The kernel reads one step count per parameter (float32, on the device) and
+        # leaves incrementing them to the caller: one flat tensor, one add per step.
+        self._steps = torch.zeros(len(self.params), device=first.device, dtype=torch.float32)
+        self._step_list = list(self._steps.unbind())
+        self.step_count = 0
+        self.zero_grad()
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        views, offset = [], 0
+        for p in self.params:
+            views.append(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return views
+
+    def zero_grad(self) -> None:
+        """Zero the flat gradient buffer (one op) and point every ``.grad`` at its view."""
+        self.flat_grad.zero_()
+        for p, g in zip(self.params, self._grads, strict=True):
+            if p.grad is not g:
+                p.grad = g
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradients so that their global L2 norm is at most ``max_norm``.
+
+        The same rule as ``torch.nn.utils.clip_grad_norm_``; returns the norm before
+        clipping, as a tensor on the device (no host read).
+        """
+        norm = torch.linalg.vector_norm(self.flat_grad)
+        self.flat_grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One Adam update of every parameter from its ``.grad`` (a flat-buffer view)."""
+        self.step_count += 1
+        self._steps.add_(1.0)
+        torch._fused_adam_(
+            self.params,
+            self._grads,
+            self._exp_avgs,
+            self._exp_avg_sqs,
+            [],  # max_exp_avg_sqs: amsgrad only
+            self._step_list,
+            lr=self.lr,
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            weight_decay=0.0,
+            eps=self.eps,
+            amsgrad=False,
+            maximize=False,
+        )
+
+    def state_dict(self) -> dict:
+        """Tensors and plain numbers only (checkpoints load with ``weights_only=True``)."""
+        return {
+            "step": self.step_count,
+            "exp_avg": self.exp_avg.clone(),
+            "exp_avg_sq": self.exp_avg_sq.clone(),
+            "lr": self.lr,
+            "betas": list(self.betas),
+            "eps": self.eps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the moments and the step count (hyperparameters stay as constructed)."""
+        if "param_groups" in state:  # written by torch.optim.Adam (older checkpoints)
+            state = _from_torch_adam(state, self.params)
+        for name in ("exp_avg", "exp_avg_sq"):
+            saved = state[name]
+            if saved.shape != (self.flat_grad.numel(),):
+                raise ValueError(
+                    f"optimizer state has {saved.numel()} values per moment, "
+                    f"this network has {self.flat_grad.numel()} parameters"
+                )
+            getattr(self, name).copy_(saved)
+        self.step_count = int(state["step"])
+        self._steps.fill_(float(self.step_count))
+
+
+def _from_torch_adam(state: dict, params: list[nn.Parameter]) -> dict:
+    """Flatten a ``torch.optim.Adam`` state dict (per-parameter moments) into ours."""
+    per_param = state["state"]
+    if len(per_param) != len(params):
+        raise ValueError(
+            f"optimizer state covers {len(per_param)} parameters, this network has {len(params)}"
+        )
+    ordered = [per_param[i] for i in sorted(per_param)]
+    return {
+        "step": round(float(ordered[0]["step"])),
+        "exp_avg": torch.cat([s["exp_avg"].flatten() for s in ordered]),
+        "exp_avg_sq": torch.cat([s["exp_avg_sq"].flatten() for s in ordered]),
+    }

@@ -1,0 +1,205 @@
+"""Adam (agent/optim.py): the same updates as torch.optim.Adam, flat gradients, state, devices."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DEVICES, OpRecorder, SYNCING_OPS
+from torch import nn
+
+from agent.optim import Adam
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _net(device: str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(3, 8, device=device, dtype=dtype),
+        nn.ReLU(),
+        nn.Linear(8, 2, device=device, dtype=dtype),
+    )
+
+
+def _loss(net: nn.Module, step: int, device: str, dtype: torch.dtype, scale: float = 1.0):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(16, 3, generator=g, dtype=dtype).to(device)
+    return (net(x) ** 2).sum() * scale
+
+
+def _train_ours(net, opt: Adam, steps: range, device, dtype, clip: float | None, scale=1.0):
+    for step in steps:
+        opt.zero_grad()
+        _loss(net, step, device, dtype, scale).backward()
+        if clip is not None:
+            opt.clip_grad_norm_(clip)
+        opt.step()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_matches_torch_adam_with_and_without_clipping(
+    device: str, dtype: torch.dtype, clip: float | None
+) -> None:
+    ours, ref = _net(device, dtype), _net(device, dtype)
+    opt = Adam(ours.parameters(), lr=1e-2, eps=1e-6)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-6)
+    for step in range(20):
+        ref_opt.zero_grad()
+        _loss(ref, step, device, dtype).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+        ref_opt.step()
+    _train_ours(ours, opt, range(20), device, dtype, clip)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 0}
+    for p, r in zip(ours.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, r, **tol)
+    assert opt.step_count == 20
+
+
+def test_gradients_are_views_of_one_flat_buffer_across_backward_passes() -> None:
+    net = _net()
+    opt = Adam(net.parameters(), lr=1e-3)
+    storage = opt.flat_grad.untyped_storage().data_ptr()
+    for step in range(3):
+        opt.zero_grad()
+        _loss(net, step, "cpu", torch.float32).backward()
+        for p in net.parameters():
+            assert p.grad.untyped_storage().data_ptr() == storage
+        expected = torch.cat([p.grad.flatten() for p in net.parameters()])
+        assert torch.equal(opt.flat_grad, expected)
+        assert opt.flat_grad.abs().sum() > 0
+        opt.step()
+    opt.zero_grad()
+    assert torch.count_nonzero(opt.flat_grad) == 0
+
+
+def test_zero_grad_reattaches_a_replaced_gradient() -> None:
+    net = _net()
+    opt = Adam(net.parameters(), lr=1e-3)
+    first = next(net.parameters())
+    first.grad = None  # e.g. someone called module.zero_grad(set_to_none=True)
+    opt.zero_grad()
+    _loss(net, 0, "cpu", torch.float32).backward()
+    assert first.grad.untyped_storage().data_ptr() == opt.flat_grad.untyped_storage().data_ptr()
+
+
+def test_clipping_scales_to_the_max_norm_and_leaves_small_gradients_alone() -> None:
+    net = _net()
+    opt = Adam(net.parameters(), lr=1e-3)
+    _loss(net, 0, "cpu", torch.float32, scale=100.0).backward()
+    before = opt.flat_grad.clone()
+    norm = opt.clip_grad_norm_(1.0)
+    torch.testing.assert_close(norm, torch.linalg.vector_norm(before))
+    torch.testing.assert_close(torch.linalg.vector_norm(opt.flat_grad), torch.tensor(1.0))
+    torch.testing.assert_close(opt.flat_grad, before / norm, rtol=1e-5, atol=1e-7)
+    small = opt.flat_grad.clone()
+    opt.clip_grad_norm_(10.0)
+    torch.testing.assert_close(opt.flat_grad, small)
+
+
+def test_step_and_clip_never_wait_for_the_device() -> None:
+    net = _net()
+    opt = Adam(net.parameters(), lr=1e-3)
+    _loss(net, 0, "cpu", torch.float32).backward()
+    with OpRecorder() as rec:
+        opt.clip_grad_norm_(1.0)
+        opt.step()
+        opt.zero_grad()
+    assert not SYNCING_OPS.intersection(rec.ops)
+
+
+def _through_bytes(state: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_state_round_trip_continues_exactly() -> None:
+    a, b = _net(), _net()
+    opt_a = Adam(a.parameters(), lr=1e-2)
+    _train_ours(a, opt_a, range(5), "cpu", torch.float32, 1.0)
+    b.load_state_dict(a.state_dict())
+    opt_b = Adam(b.parameters(), lr=1e-2)
+    opt_b.load_state_dict(_through_bytes(opt_a.state_dict()))
+    assert opt_b.step_count == 5
+    _train_ours(a, opt_a, range(5, 10), "cpu", torch.float32, 1.0)
+    _train_ours(b, opt_b, range(5, 10), "cpu", torch.float32, 1.0)
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_loads_a_torch_adam_state_and_continues_like_it() -> None:
+    ours, ref = _net(), _net()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    for step in range(4):
+        ref_opt.zero_grad()
+        _loss(ref, step, "cpu", torch.float32).backward()
+        ref_opt.step()
+    ours.load_state_dict(ref.state_dict())
+    opt = Adam(ours.parameters(), lr=1e-2)
+    opt.load_state_dict(_through_bytes(ref_opt.state_dict()))
+    assert opt.step_count == 4
+    for step in range(4, 8):
+        ref_opt.zero_grad()
+        _loss(ref, step, "cpu", torch.float32).backward()
+        ref_opt.step()
+    _train_ours(ours, opt, range(4, 8), "cpu", torch.float32, None)
+    for p, r in zip(ours.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6)
+
+
+def test_state_of_another_network_is_rejected() -> None:
+    opt = Adam(_net().parameters(), lr=1e-3)
+    other = Adam([nn.Parameter(torch.zeros(5))], lr=1e-3)
+    with pytest.raises(ValueError, match="5 values per moment"):
+        opt.load_state_dict(other.state_dict())
+
+
+def test_invalid_arguments_are_rejected() -> None:
+    with pytest.raises(ValueError, match="at least one parameter"):
+        Adam([], lr=1e-3)
+    with pytest.raises(ValueError, match="one device with one dtype"):
+        mixed = [nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+        Adam(mixed, lr=1e-3)
+    with pytest.raises(ValueError, match="invalid Adam settings"):
+        Adam(_net().parameters(), lr=0.0)
+
+
+def test_meta_device_creates_nothing_elsewhere() -> None:
+    net = _net("meta")
+    opt = Adam(net.parameters(), lr=1e-3)
+    _train_ours(net, opt, range(2), "meta", torch.float32, 1.0)
+    tensors = [opt.flat_grad, opt.exp_avg, opt.exp_avg_sq, *net.parameters()]
+    assert all(t.device.type == "meta" for t in tensors)
+
+
+def test_learning_does_not_import_torch_dynamo() -> None:
+    # torch.optim's first step imports torch._dynamo: ~1.5 s of every training run's start-up.
+    code = (
+        "import sys, copy, torch\n"
+        "from agent.learner import Learner\n"
+        "from agent.networks import QNetwork\n"
+        "from agent.replay import ReplayBuffer\n"
+        "import numpy as np\n"
+        "net = QNetwork((4,), 2, (8,))\n"
+        "learner = Learner(net, copy.deepcopy(net), lr=1e-3)\n"
+        "rb = ReplayBuffer(64, (4,), np.dtype('float32'), device=torch.device('cpu'))\n"
+        "for _ in range(8):\n"
+        "    rb.add(*[np.zeros((1, 4), np.float32), np.zeros(1, np.int64), np.ones(1),\n"
+        "             np.zeros((1, 4), np.float32), np.zeros(1, bool), np.zeros(1, bool)])\n"
+        "learner.update(rb.sample(4, torch.Generator()))\n"
+        "learner.sync_target()\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
