@@ -1,7 +1,7 @@
 """Benchmark: what one learner update costs, and what agent/optim.py saves per update.
 
-    python bench/learner.py            # the CartPole network: 4-128-128-2, noisy, batch 64
-    python bench/learner.py --hidden 64 64 --batch 32
+    python bench/learner.py                      # the CartPole config: 4-128-128-2, batch 64
+    python bench/learner.py --noisy-layers all   # every layer noisy
 
 Times, as medians of single calls (repeats interleaved, so drift hits every variant):
 
@@ -53,6 +53,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--noisy-layers", choices=["all", "last"], default="last")
+    p.add_argument("--sigma0", type=float, default=0.5)
     p.add_argument("--calls", type=int, default=2000, help="timed calls per repeat")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
@@ -60,7 +62,9 @@ def main() -> int:
     torch.set_flush_denormal(True)
     device = torch.device("cpu")
     torch.manual_seed(0)
-    net = QNetwork((4,), 2, args.hidden, sigma0=0.25, device=device)
+    net = QNetwork(
+        (4,), 2, args.hidden, noisy_layers=args.noisy_layers, sigma0=args.sigma0, device=device
+    )
     learner = Learner(net, copy.deepcopy(net), lr=1e-4)
     batch = make_batch(args.batch, device)
     both = torch.cat([batch.obs, batch.next_obs])
@@ -123,7 +127,10 @@ def main() -> int:
     medians = {name: statistics.median(times) for name, times in results.items()}
 
     sizes = "-".join(str(s) for s in [4, *args.hidden, 2])
-    print(f"\nLearner update, noisy {sizes} MLP, batch {args.batch}; {machine()}")
+    print(
+        f"\nLearner update, {sizes} MLP (noisy_layers={args.noisy_layers}), "
+        f"batch {args.batch}; {machine()}"
+    )
     print(f"median of {args.repeats} repeats x {args.calls} calls\n")
     print("| what | us per call |")
     print("|---|---|")
