@@ -1,6 +1,6 @@
 """Benchmark: what one learner update costs, and what agent/optim.py saves per update.
 
-    python bench/learner.py                      # the CartPole config: 4-128-128-2, batch 64
+    python bench/learner.py                      # the CartPole config: 4-128-128-2, batch 32
     python bench/learner.py --noisy-layers all   # every layer noisy
 
 Times, as medians of single calls (repeats interleaved, so drift hits every variant):
@@ -52,7 +52,7 @@ def make_batch(batch: int, device: torch.device) -> Batch:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
     p.add_argument("--noisy-layers", choices=["all", "last"], default="last")
     p.add_argument("--sigma0", type=float, default=0.5)
     p.add_argument("--calls", type=int, default=2000, help="timed calls per repeat")
