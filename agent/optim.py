@@ -10,10 +10,15 @@ measured in ``bench/learner.py``):
 * ``clip_grad_norm_`` and ``zero_grad`` walk the parameters one by one; here every
   parameter's ``.grad`` is a view of one flat buffer (autograd accumulates into
   an existing ``.grad`` in place), so zeroing and clipping are one op each.
+
+``torch._fused_adam_`` is a private op (PyTorch >= 2.4 has it for CPU and CUDA).
+Where it is missing, or on other devices, the same update runs as a few plain
+tensor ops on the flat buffers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -30,6 +35,8 @@ class Adam:
         lr: learning rate.
         betas: decay rates of the first and second moment estimates.
         eps: added to the denominator (``sqrt(v_hat) + eps``), as in ``torch.optim.Adam``.
+        fused: use PyTorch's fused Adam kernel; ``None`` (default) does where it exists
+            (CPU, CUDA, meta).
 
     Call :meth:`zero_grad` before ``backward``: it also re-attaches the flat
     gradient views, should anything have replaced a ``.grad``.
@@ -42,6 +49,7 @@ class Adam:
         lr: float,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        fused: bool | None = None,
     ) -> None:
         self.params = list(params)
         if not self.params:
@@ -52,6 +60,9 @@ class Adam:
         if not (lr > 0 and eps >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid Adam settings: lr={lr}, betas={betas}, eps={eps}")
         self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
+        if fused is None:
+            fused = hasattr(torch, "_fused_adam_") and first.device.type in ("cpu", "cuda", "meta")
+        self.fused = fused
         factory = {"device": first.device, "dtype": first.dtype}
         total = sum(p.numel() for p in self.params)
         self.flat_grad = torch.zeros(total, **factory)
@@ -96,6 +107,9 @@ class Adam:
     def step(self) -> None:
         """One Adam update of every parameter from its ``.grad`` (a flat-buffer view)."""
         self.step_count += 1
+        if not self.fused:
+            self._step_unfused()
+            return
         self._steps.add_(1.0)
         torch._fused_adam_(
             self.params,
@@ -112,6 +126,19 @@ class Adam:
             amsgrad=False,
             maximize=False,
         )
+
+    def _step_unfused(self) -> None:
+        """The same update as the kernel, as plain ops on the flat buffers."""
+        beta1, beta2 = self.betas
+        grad = self.flat_grad
+        self.exp_avg.lerp_(grad, 1.0 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        bias_correction1 = 1.0 - beta1**self.step_count
+        bias_correction2 = 1.0 - beta2**self.step_count
+        denom = (self.exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(self.eps)
+        update = (self.exp_avg / denom).mul_(-self.lr / bias_correction1)
+        for p, u in zip(self.params, self._views(update), strict=True):
+            p.add_(u)
 
     def state_dict(self) -> dict:
         """Tensors and plain numbers only (checkpoints load with ``weights_only=True``)."""
