@@ -20,7 +20,6 @@ runs on a shared machine: compare rows of one invocation, not across machines.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from acting import machine
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agent.config import load_config
@@ -73,18 +74,6 @@ def measure_sps(
         "acting": statistics.median(acting) if acting else float("nan"),
         "learning": statistics.median(learning) if learning else float("nan"),
     }
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}; torch {torch.__version__}; python {platform.python_version()}"
 
 
 def main() -> None:
