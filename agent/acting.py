@@ -375,6 +375,8 @@ class ActionSelector:
         capture_fn: the capture seam, ``capture_fn(fn, static_inputs) -> graph`` with
             ``graph.replay()`` and ``graph.output``; given, it implies ``"graph"`` on any
             device (tests pass :func:`capture_eager` or a recording stand-in on the CPU).
+        capture_graph: with ``backend="auto"`` on CUDA, capture a CUDA graph (True) or
+            act eagerly (False: the switch for a GPU where capture misbehaves).
 
     Call ``selector(obs)`` with a numpy batch ``(num_envs, *obs_shape)`` in the env's
     dtype (float32 vectors, uint8 frames, ...) to get int64 actions ``(num_envs,)``.
@@ -396,6 +398,7 @@ class ActionSelector:
         seed: int | None = None,
         backend: Backend = "auto",
         capture_fn: CaptureFn | None = None,
+        capture_graph: bool = True,
     ) -> None:
         obs_shape = tuple(int(s) for s in obs_shape)
         if num_envs < 1:
@@ -419,6 +422,7 @@ class ActionSelector:
         self.noise_interval = int(noise_interval)
         self._backend_request: Backend = "graph" if capture_fn is not None else backend
         self._capture_fn = capture_fn
+        self.capture_graph = bool(capture_graph)
         self._probe_dict, self._probe_name = _first_parameter(q_network)
         if device is not None:
             device = torch.device(device)
@@ -548,7 +552,9 @@ class ActionSelector:
                 "backend='numpy' needs a CPU float32/float64 QNetwork with an MLP head; "
                 "use backend='auto'"
             )
-        if request == "graph" or (request == "auto" and device.type == "cuda"):
+        if request == "graph" or (
+            request == "auto" and device.type == "cuda" and self.capture_graph
+        ):
             self._build_graph(device)
             self._backend = "graph"
             return
