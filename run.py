@@ -23,9 +23,9 @@ EXIT_USER_ERROR = 2
 
 # numpy's OpenBLAS (the CPU acting path and evaluation run numpy matmuls) starts a
 # thread per core for matrices of ~64 rows and up; beside other busy processes (a
-# sweep, parallel seeds) that made a 64x128 @ 128x128 product take 4.4 ms instead of
-# 45 us. One thread, like torch_threads. Set before numpy is first imported (here,
-# lazily); an explicit setting in the environment wins.
+# sweep, parallel seeds) that made small products many times slower (docs/benchmarks.md).
+# One thread, like torch_threads. Set before numpy is first imported (here, lazily);
+# an explicit setting in the environment wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 

@@ -2,11 +2,11 @@
 
 The update is ``torch.optim.Adam``'s (no weight decay, no amsgrad), computed by the
 same fused kernel that ``torch.optim.Adam(fused=True)`` calls. What differs is the
-cost around it, which is what a tiny network on a CPU pays for (4-128-128-2 MLP,
-measured in ``bench/learner.py``):
+cost around it, which is what a tiny network on a CPU pays for (``bench/learner.py``
+measures it; the figures are in docs/benchmarks.md):
 
-* ``torch.optim.Adam.step`` spends ~0.1 ms per call in Python before its kernel,
-  and its first call imports ``torch._dynamo`` (~1.5 s of every run's start-up);
+* ``torch.optim.Adam.step`` runs a long Python prologue before its kernel on every
+  call, and its first call imports ``torch._dynamo`` (seconds of every run's start-up);
 * ``clip_grad_norm_`` and ``zero_grad`` walk the parameters one by one; here every
   parameter's ``.grad`` is a view of one flat buffer (autograd accumulates into
   an existing ``.grad`` in place), so zeroing and clipping are one op each.
