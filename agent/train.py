@@ -257,20 +257,21 @@ def train(
         episodes = Episodes(cfg.num_envs, cfg.seed)
         counters = Counters(learning_starts=cfg.learning_starts)
         eval_curve: list[tuple[int, float]] = []
+        # What a checkpoint saves and a resume restores, besides the online network.
+        resumable = {
+            "target_network": agent.target_network,
+            "learner": learner,
+            "sample_generator": sample_generator,
+            "explore_rng": explore_rng,
+            "selector": selector,
+        }
 
         # --- first observations: fresh episodes, or the resumed ones replayed exactly ---
         if checkpoint is None:
             obs = episodes.reset(envs)
         else:
             eval_curve = restore_training(
-                checkpoint,
-                q_network=q_network,
-                target_network=agent.target_network,
-                learner=learner,
-                sample_generator=sample_generator,
-                explore_rng=explore_rng,
-                selector=selector,
-                replay=replay,
+                checkpoint, q_network=q_network, replay=replay, **resumable
             )
             # (Checkpoints of older releases lack learning_starts and updates_before.)
             saved = {"learning_starts": cfg.learning_starts, **checkpoint["counters"]}
@@ -303,14 +304,10 @@ def train(
         def save_last() -> None:
             data = training_checkpoint(
                 policy(),
-                target_network=agent.target_network,
-                learner=learner,
                 eval_curve=eval_curve,
-                sample_generator=sample_generator,
-                explore_rng=explore_rng,
-                selector=selector,
                 episodes=episodes.state_dict(obs),
                 replay=replay if cfg.save_buffer else None,
+                **resumable,
             )
             save_checkpoint(ckpt_dir / "last.pt", data)
 
