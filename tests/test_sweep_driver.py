@@ -108,32 +108,51 @@ def test_a_killed_trial_is_retried(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.slow
-def test_ctrl_c_keeps_finished_trials_and_resume_runs_the_rest(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [
+        (signal.SIGINT, 130),  # Ctrl-C: a terminal signals the whole foreground group
+        (signal.SIGTERM, 143),  # Slurm, Kubernetes, a spot machine: before they kill the job
+    ],
+)
+def test_ctrl_c_and_sigterm_keep_finished_trials_and_resume_runs_the_rest(
+    tmp_path: Path, signum: int, status: int
+) -> None:
     pytest.importorskip("ray")
     sweep_dir = tmp_path / "sweep"
-    # total_steps 2000 trials finish early; the 10000-step ones are still running at Ctrl-C.
+    # total_steps 2000 trials finish early; the 6000-step ones are still running at the signal.
     short = [a for a in SHORT if a not in ("--total-steps", "2000")]
     argv = ["run.py", "--env", "CartPole-v1", "--seeds", "2", *short, "--set", "eval_interval=0"]
-    argv += ["--grid", "total_steps=2000,10000", "--run-dir", str(sweep_dir), "--no-progress"]
+    argv += ["--grid", "total_steps=2000,6000", "--run-dir", str(sweep_dir), "--no-progress"]
     proc = subprocess.Popen(
         [sys.executable, *argv],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
+        start_new_session=True,  # its own process group, as under a terminal or a scheduler
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(sweep_dir.glob("total_steps=2000/*/result.json")):
-        time.sleep(0.5)
-    time.sleep(3)
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal signals the whole group
+    deadline = time.time() + 180
+    while time.time() < deadline and not (
+        list(sweep_dir.glob("total_steps=2000/*/result.json"))
+        and list(sweep_dir.glob("total_steps=6000/*/checkpoints/last.pt"))
+    ):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signum)  # to the driver and the Ray processes it started
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, output
+    assert proc.returncode == status, output
     assert "run the rest with: python run.py --resume" in output
     results = {p.parent: json.loads(p.read_text()) for p in sweep_dir.glob("*/*/result.json")}
     done_before = [d for d, r in results.items() if r["status"] == "finished"]
     assert done_before
+    # A running trial was asked to stop, and saved where it was: not killed, not finished.
+    stopped = [r for r in results.values() if r["status"] == "interrupted"]
+    assert stopped and all(0 < r["global_step"] < 6000 for r in stopped), output
+    # The summary so far is written beside the manifest.
+    summary = json.loads((sweep_dir / "summary.json").read_text())
+    assert summary["trials_done"] == len(done_before) and not summary["complete"]
+    assert (sweep_dir / "summary.md").exists()
+    assert len(json.loads((sweep_dir / "sweep.json").read_text())["trials"]) == 4
     mtimes = {d: _mtimes(d) for d in done_before}
     # Only the unfinished trials run, continuing from their checkpoints.
     code = run.main(["--resume", str(sweep_dir), "--no-progress"])

@@ -12,6 +12,7 @@ Ray is imported when a sweep starts (:func:`run_sweep`), not with this module.
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import sys
 import time
@@ -26,9 +27,10 @@ from agent.sweep.report import format_number, write_summary
 from agent.sweep.trials import DONE, Trial, read_result, trial_state
 from agent.sweep.worker import run_trial, unpack
 
-__all__ = ["EXIT_INTERRUPTED", "check_address", "run_sweep"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "check_address", "run_sweep"]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports after Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM: what a scheduler expects after its SIGTERM
 
 
 class _Display:
@@ -143,6 +145,53 @@ def _init_ray(address: str | None, num_cpus: int | None) -> Any:
     return ray
 
 
+class _SigtermAsCtrlC:
+    """SIGTERM stops the sweep as the first Ctrl-C does; the exit status tells them apart.
+
+    SIGTERM is what Slurm, Kubernetes, systemd and preemptible machines send before they
+    kill a job, often to every process of it. Two things would turn it into lost work:
+
+    - The Ray daemons a local sweep starts (raylet, GCS, agents) are children of this
+      process, in its process group, and the raylet answers SIGTERM by killing the running
+      trials before they can save. Inside this context SIGTERM is blocked, so daemons
+      started there inherit the block (as Ray starts them with SIGINT blocked against
+      Ctrl-C): the driver stops the trials, then ``ray.shutdown`` ends the daemons (with
+      SIGKILL when they do not answer its SIGTERM).
+    - ``ray.init`` installs a SIGTERM handler that exits at once. :meth:`arm` replaces it
+      with one that raises KeyboardInterrupt, then unblocks SIGTERM here: one that came
+      while Ray started is delivered at that point.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._mask: set[signal.Signals] | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> _SigtermAsCtrlC:
+        if hasattr(signal, "pthread_sigmask"):  # not on Windows
+            self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        return self
+
+    def arm(self) -> None:
+        """From now on SIGTERM raises KeyboardInterrupt (call it after ``ray.init``)."""
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+        if self._mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        if self._mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+
+
 def run_sweep(
     sweep_dir: Path,
     manifest: dict[str, Any],
@@ -159,7 +208,8 @@ def run_sweep(
     """Run every trial that is not done yet; write the summary. Returns the exit status.
 
     0: every trial finished; 1: some failed (the others are kept and summarised);
-    130: interrupted (finished trials kept; ``--resume SWEEP_DIR`` runs the rest).
+    130: interrupted by Ctrl-C, 143: by SIGTERM (either way the running trials save a
+    checkpoint, finished trials are kept, and ``--resume SWEEP_DIR`` runs the rest).
     """
     out = out or sys.stdout
     start = time.perf_counter()
@@ -168,26 +218,32 @@ def run_sweep(
     display = _Display(len(trials), progress)
     display.done = skipped
     interrupted = False
+    sigterm = _SigtermAsCtrlC()
     failed: dict[str, str] = {}
     if skipped:
         print(f"{skipped} of {len(trials)} trials already finished: not run again", file=out)
     if todo:
-        ray = _init_ray(ray_address, num_cpus)
-        try:
-            cpus = ray.cluster_resources().get("CPU", 1)
-            where = "local Ray" if ray_address is None else f"Ray cluster at {ray_address}"
-            print(
-                f"sweep: {len(todo)} trials on {where} ({cpus:.0f} CPUs, one per trial)\n"
-                f"sweep directory: {sweep_dir}\nwatch it with: tensorboard --logdir {sweep_dir}",
-                file=out,
-                flush=True,
-            )
-            interrupted = _drive(
-                ray, sweep_dir, manifest, todo, retries, trial_fn, display, failed, stop_grace_s
-            )
-        finally:
-            display.close()
-            ray.shutdown()
+        with sigterm:  # Ray's daemons start with SIGTERM blocked: see _SigtermAsCtrlC
+            ray = _init_ray(ray_address, num_cpus)
+            try:
+                sigterm.arm()  # from here on SIGTERM stops the sweep as Ctrl-C does
+                cpus = ray.cluster_resources().get("CPU", 1)
+                where = "local Ray" if ray_address is None else f"Ray cluster at {ray_address}"
+                print(
+                    f"sweep: {len(todo)} trials on {where} ({cpus:.0f} CPUs, one per trial)\n"
+                    f"sweep directory: {sweep_dir}\n"
+                    f"watch it with: tensorboard --logdir {sweep_dir}",
+                    file=out,
+                    flush=True,
+                )
+                interrupted = _drive(
+                    ray, sweep_dir, manifest, todo, retries, trial_fn, display, failed, stop_grace_s
+                )
+            except KeyboardInterrupt:  # outside _drive, which stops its own trials: none run
+                interrupted = True
+            finally:
+                display.close()
+                ray.shutdown()
     wall = time.perf_counter() - start
     summary, text, note = write_summary(sweep_dir, manifest, trials, wall)
     print("\n" + text, file=out)
@@ -202,7 +258,7 @@ def run_sweep(
             f"run the rest with: python run.py --resume {sweep_dir}",
             file=out,
         )
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if sigterm.received else EXIT_INTERRUPTED
     if summary["trials_failed"]:
         print(
             f"{summary['trials_failed']} trial(s) failed (see summary.md); retry them with: "
