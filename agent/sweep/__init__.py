@@ -32,6 +32,7 @@ from agent.sweep.trials import (
     build_trials,
     is_sweep_dir,
     read_manifest,
+    read_result,
     trial_state,
     write_manifest,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "parse_seeds",
     "plot_curves",
     "read_manifest",
+    "read_result",
     "run_sweep",
     "run_trial",
     "steps_to_solve",
