@@ -4,8 +4,9 @@
         [--ray-address HOST:PORT] [--retries 1] [--run-dir runs/my-sweep]
     python run.py --resume runs/my-sweep            run only the trials that are missing
 
-Every check of the user's input happens here, before Ray starts or anything is written:
-a mistake ends in one line that says what to fix.
+:func:`cmd_sweep` checks all of the user's input (flags, grid values, every trial's
+config, the Ray address) before Ray starts or anything is written: a mistake ends in
+one line that says what to fix.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ _DEFINING = ("env", "config", "seed", "total_steps", "num_envs", "device", "seed
 
 
 def default_sweep_dir(env_id: str) -> Path:
+    """``runs/<ENV>__sweep__<time>``: where a sweep goes without --run-dir."""
     name = env_id.split(":", 1)[-1].replace("/", "_")
     return Path("runs") / f"{name}__sweep__{time.strftime('%Y%m%d-%H%M%S')}"
 
