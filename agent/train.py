@@ -164,7 +164,8 @@ def train(
     ``best.pt``, and ``result.json`` under ``run_dir``.
     """
     wall_start = time.perf_counter()
-    spec = inspect_env(cfg.env_id)  # user errors (bad id, spaces) before anything is written
+    # User errors (bad id, spaces, env_kwargs) before anything is written.
+    spec = inspect_env(cfg.env_id, cfg.env_kwargs)
     device = resolve_device(cfg.device)
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
@@ -185,9 +186,12 @@ def train(
         # Adam step on a 4-128-128-2 net. Flushing them to zero changes nothing that matters.
         torch.set_flush_denormal(True)
     seed_everything(cfg.seed)
-    envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector)
+    envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs)
     # Evaluation plays up to eval_batch episodes at once on its own env copies.
-    eval_envs = [make_env(cfg.env_id) for _ in range(min(EVAL_BATCH, cfg.eval_episodes))]
+    eval_envs = [
+        make_env(cfg.env_id, env_kwargs=cfg.env_kwargs)
+        for _ in range(min(EVAL_BATCH, cfg.eval_episodes))
+    ]
     n = cfg.num_envs
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
 
