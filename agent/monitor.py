@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from agent.noisy import noisy_layers
+from agent.noisy import noise_disabled, noisy_layers
 
-__all__ = ["Monitor", "noise_stats"]
+__all__ = ["Monitor", "action_disagreement", "exploration_stats", "noise_stats", "q_gap"]
 
 
 @torch.no_grad()
@@ -36,6 +36,86 @@ def noise_stats(q_network: nn.Module) -> dict[str, float]:
         return {}
     values = torch.stack(list(stats.values())).tolist()  # one host read for all layers
     return dict(zip(stats, values, strict=True))
+
+
+@torch.no_grad()
+def action_disagreement(
+    q_network: nn.Module,
+    obs: torch.Tensor,
+    *,
+    draws: int = 1,
+    generator: torch.Generator | None = None,
+) -> float:
+    """Fraction of the states ``obs`` where a fresh noise sample changes the greedy action.
+
+    Compares argmax Q with the noise off (mean weights) and argmax Q under newly drawn
+    noise. ``obs`` is split into ``draws`` chunks, each under its own noise sample (a
+    noise sample is shared by a whole batch, so one draw for all states would make the
+    fraction swing with that one draw). The noise is drawn from ``generator`` (on the
+    network's device; ``None`` uses the device's default generator), and every noisy
+    layer's noise buffers and on/off switch are restored afterwards, in place (same
+    addresses), so acting, learning and a resumed run see exactly what they would have
+    without this call. A network without noisy layers gives 0.0.
+
+    About 1 - 1/n_actions when the noise swamps the action values; near 0 when the noise
+    no longer changes what the agent does.
+    """
+    layers = noisy_layers(q_network)
+    if not layers:
+        return 0.0
+    device = layers[0].weight_sigma.device
+    obs = obs.to(device)
+    saved = [(lay.epsilon.clone(), lay.weight_epsilon.clone(), lay.noise_enabled) for lay in layers]
+    try:
+        with noise_disabled(q_network):
+            greedy = q_network(obs).argmax(dim=1)
+        noisy = []
+        for chunk in obs.chunk(max(1, draws)):
+            for layer in layers:
+                layer.noise_enabled = True
+                layer.reset_noise(generator)
+            noisy.append(q_network(chunk).argmax(dim=1))
+        return (torch.cat(noisy) != greedy).float().mean().item()
+    finally:
+        for layer, (eps, weight_eps, enabled) in zip(layers, saved, strict=True):
+            layer.epsilon.copy_(eps)
+            layer.weight_epsilon.copy_(weight_eps)
+            layer.noise_enabled = enabled
+
+
+@torch.no_grad()
+def q_gap(q_network: nn.Module, obs: torch.Tensor) -> float:
+    """Mean gap between the best and second-best noise-free action values over ``obs``.
+
+    What the noise has to overcome to change an action: a gap that grows while the
+    noise scale (``noise/*/sigma_mean``) shrinks means exploration is ending.
+    """
+    device = next(q_network.parameters()).device
+    with noise_disabled(q_network):
+        q = q_network(obs.to(device))
+    if q.shape[1] < 2:
+        return 0.0
+    top = q.topk(2, dim=1).values
+    return (top[:, 0] - top[:, 1]).mean().item()
+
+
+def exploration_stats(
+    q_network: nn.Module, obs: torch.Tensor, *, draws: int, seed: int, noisy: bool = True
+) -> dict[str, float]:
+    """``exploration/action_disagreement`` (when ``noisy``) and ``exploration/q_gap`` over ``obs``.
+
+    The noise comes from a generator of its own, seeded with ``seed``, on the network's
+    device: no RNG stream of training is touched.
+    """
+    stats = {"exploration/q_gap": q_gap(q_network, obs)}
+    layers = noisy_layers(q_network)
+    if noisy and layers:
+        device = layers[0].weight_sigma.device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        stats["exploration/action_disagreement"] = action_disagreement(
+            q_network, obs, draws=draws, generator=generator
+        )
+    return stats
 
 
 class Monitor:

@@ -21,7 +21,7 @@ from agent.config import Config
 from agent.errors import UserError
 from agent.evaluate import run_episodes
 from agent.learner import Learner, NonFiniteError
-from agent.monitor import Monitor, noise_stats
+from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.frame_replay import FrameReplayBuffer
 from agent.replay import ReplayBuffer
@@ -31,6 +31,8 @@ __all__ = ["TrainResult", "build_q_network", "resolve_device", "train"]
 
 # Evaluation episodes played at once (one batched action per step for all of them).
 EVAL_BATCH = 10
+# Replay states behind the exploration/* scalars, drawn at each log (batch_size at a time).
+PROBE_STATES = 256
 
 
 @dataclass
@@ -413,6 +415,18 @@ def train(
                 if not noisy_acting:
                     scalars["charts/epsilon"] = epsilon
                 scalars.update(noise_stats(q_network))
+                if len(replay) >= cfg.batch_size:
+                    # Own generators, seeded per log step: no training RNG stream moves.
+                    probe_seed = episode_seed(cfg.seed, 0, global_step, stream=3)
+                    probe = torch.Generator(device=replay.storage_device).manual_seed(probe_seed)
+                    draws = max(1, PROBE_STATES // cfg.batch_size)
+                    probe_obs = [replay.sample(cfg.batch_size, probe).obs for _ in range(draws)]
+                    scalars.update(
+                        exploration_stats(
+                            q_network, torch.cat(probe_obs), draws=draws, seed=probe_seed,
+                            noisy=noisy_acting,
+                        )
+                    )  # fmt: skip
                 monitor.scalars(global_step, scalars)
                 sps = monitor.sps(global_step)
                 monitor.progress(global_step, sps=f"{sps:.0f}")
