@@ -214,6 +214,7 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    import gymnasium as gym
     import torch
 
     from agent.acting import ActionSelector
@@ -258,7 +259,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     selector = ActionSelector(
         q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
     )
-    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
+    try:
+        result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
+    except gym.error.DependencyNotInstalled as e:  # rendering needs what training did not
+        _user_error(f"--video cannot render {args.env}: {e}")
     for env in envs:
         env.close()
     print(

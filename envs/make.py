@@ -163,6 +163,8 @@ def _gym_make(env_id: str, env_kwargs: Mapping[str, Any] | None, **fixed: Any) -
     user = dict(env_kwargs or {})
     try:
         return gym.make(env_id, **user, **fixed)
+    except gym.error.DependencyNotInstalled as e:
+        raise UserError(f"{env_id} needs a package that is not installed: {e}") from None
     except (TypeError, ValueError, KeyError) as e:
         if not user:
             raise

@@ -326,3 +326,58 @@ def test_atari_ids_get_dqn_preprocessing() -> None:
         assert is_atari(env_id)
     spec = inspect_env("Pong-v4")  # frameskip (2, 5) by the id: rebuilt with 1, skip 4
     assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == "uint8" and spec.n_actions == 6
+
+
+def test_a_missing_env_dependency_is_a_user_error() -> None:
+    try:
+        import Box2D  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Box2D is installed")
+    with pytest.raises(UserError, match="LunarLander-v3 needs a package that is not installed"):
+        inspect_env("LunarLander-v3")
+
+
+def _tiny_run(env_id: str, run_dir: Path) -> Path:
+    from agent.config import load_config
+    from agent.train import train
+
+    overrides = {
+        "total_steps": 100, "learning_starts": 32, "batch_size": 32, "buffer_size": 1000,
+        "eval_interval": 0, "log_interval": 50, "hidden_sizes": [16], "device": "cpu",
+    }  # fmt: skip
+    train(load_config(env_id, overrides=overrides), run_dir, progress=False, echo=lambda *_: None)
+    return run_dir / "checkpoints" / "last.pt"
+
+
+def test_video_records_episodes_of_the_adapted_env(tmp_path: Path) -> None:
+    pytest.importorskip("moviepy")
+    import run
+
+    env_id = "envs.testing:NoisyDQN/ImageHWC-v0"  # channel-last images, transposed
+    checkpoint = _tiny_run(env_id, tmp_path / "run")
+    videos = tmp_path / "videos"
+    args = ["--env", env_id, "--eval", str(checkpoint), "--episodes", "2", "--video", str(videos)]
+    assert run.main(args) == 0
+    assert len(list(videos.glob("*.mp4"))) == 2
+
+
+def test_video_of_an_env_that_cannot_render_here_is_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("moviepy")
+    try:
+        import pygame  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("pygame is installed: FrozenLake renders")
+    import run
+
+    checkpoint = _tiny_run("FrozenLake-v1", tmp_path / "run")
+    args = ["--env", "FrozenLake-v1", "--eval", str(checkpoint), "--video", str(tmp_path / "v")]
+    assert run.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: --video cannot render FrozenLake-v1: pygame is not installed")
