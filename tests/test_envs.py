@@ -326,6 +326,13 @@ def test_atari_ids_get_dqn_preprocessing() -> None:
         assert is_atari(env_id)
     spec = inspect_env("Pong-v4")  # frameskip (2, 5) by the id: rebuilt with 1, skip 4
     assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == "uint8" and spec.n_actions == 6
+    # env_kwargs reach the ALE env under the preprocessing; frameskip stays the wrapper's.
+    env = make_env("ALE/Pong-v5", env_kwargs={"repeat_action_probability": 0.0})
+    assert env.observation_space.shape == (4, 84, 84)
+    assert env.unwrapped.spec.kwargs["repeat_action_probability"] == 0.0
+    env.close()
+    with pytest.raises(UserError, match="env_kwargs cannot set frameskip for Atari ids"):
+        make_env("ALE/Pong-v5", env_kwargs={"frameskip": 4})
 
 
 def test_a_missing_env_dependency_is_a_user_error() -> None:

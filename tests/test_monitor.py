@@ -79,6 +79,19 @@ def test_probes_leave_noise_switches_and_rng_streams_as_they_were() -> None:
                                                                       noisy=False)  # fmt: skip
 
 
+@pytest.mark.gpu
+def test_probes_on_cuda_keep_the_noise_buffers_and_cuda_rng() -> None:
+    q = _net().to("cuda")
+    layers = noisy_layers(q)
+    before = [(lay.epsilon.clone(), lay.epsilon.data_ptr()) for lay in layers]
+    cuda_rng = torch.cuda.get_rng_state()
+    stats = exploration_stats(q, _obs(64), draws=4, seed=3)  # CPU batch: moved at the boundary
+    assert 0.0 <= stats["exploration/action_disagreement"] <= 1.0
+    assert torch.equal(torch.cuda.get_rng_state(), cuda_rng)
+    for lay, (eps, ptr) in zip(layers, before, strict=True):
+        assert torch.equal(lay.epsilon, eps) and lay.epsilon.data_ptr() == ptr
+
+
 def test_q_gap_is_the_mean_top_two_margin_of_the_mean_weights() -> None:
     q = _net(dtype=torch.float64)
     obs = _obs(32, torch.float64)
