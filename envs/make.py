@@ -30,9 +30,11 @@ the three cannot differ), with gymnasium's own wrappers:
 * ``Box`` of rank 3 (an image): channel-last ``(H, W, C)`` (the last dimension smaller
   than the other two) is transposed to ``(C, H, W)``; channel-first stays. An image
   smaller than the Nature CNN's 36x36 is flattened instead.
+* ``Box`` of rank 4 (a stack of images, e.g. ``FrameStackObservation`` over RGB frames):
+  ``(S, H, W, C)`` or ``(S, C, H, W)`` becomes ``(S * C, H, W)``; small ones are flattened.
 * ``Box`` of rank 2: a uint8 frame of at least 36x36 becomes a one-channel image
   ``(1, H, W)``; anything else is flattened (``FlattenObservation``).
-* ``Box`` of rank 0 or > 3: flattened.
+* ``Box`` of rank 0 or > 4: flattened.
 * ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` and ``Tuple`` / ``Dict`` of those
   (and of ``Box``): ``FlattenObservation`` (one-hot for the discrete parts, as
   ``gymnasium.spaces.flatten`` defines it), then ``DtypeObservation`` to float32.
@@ -240,6 +242,32 @@ def _is_image(height: int, width: int) -> bool:
     return min(height, width) >= MIN_IMAGE_SIZE
 
 
+def _channel_first(env: gym.Env, space: gym.spaces.Box) -> gym.Env:
+    """Images ``(H, W, C)`` / ``(C, H, W)`` and stacks of them ``(S, H, W, C)`` / ``(S, C, H, W)``
+    as ``(channels, H, W)`` (a stack's frames and channels merged); too small: flattened."""
+    from gymnasium.wrappers import FlattenObservation, TransformObservation
+
+    shape = space.shape
+    lead = len(shape) - 3  # 1 for a stack
+    if shape[-1] < shape[-3] and shape[-1] < shape[-2]:  # channel-last
+        axes = (*range(lead), lead + 2, lead, lead + 1)
+    else:
+        axes = tuple(range(len(shape)))
+    moved = tuple(shape[a] for a in axes)
+    height, width = moved[-2:]
+    if not _is_image(height, width):
+        return FlattenObservation(env)
+    out = (int(np.prod(moved[:-2])), height, width)
+    if out == shape:
+        return env
+
+    def to_chw(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(x, axes)).reshape(out)
+
+    chw = gym.spaces.Box(to_chw(space.low), to_chw(space.high), dtype=space.dtype)
+    return TransformObservation(env, to_chw, chw)
+
+
 def adapt_observations(env: gym.Env) -> gym.Env:
     """``env`` with observations the Q-network takes: vectors ``(D,)`` or images ``(C, H, W)``.
 
@@ -247,32 +275,15 @@ def adapt_observations(env: gym.Env) -> gym.Env:
     observation wrappers, so it applies to ``reset`` and ``step`` alike and the
     wrapped env keeps rendering (video) as before.
     """
-    from gymnasium.wrappers import (
-        DtypeObservation,
-        FlattenObservation,
-        ReshapeObservation,
-        TransformObservation,
-    )
+    from gymnasium.wrappers import DtypeObservation, FlattenObservation, ReshapeObservation
 
     space = env.observation_space
     if isinstance(space, gym.spaces.Box):
         shape = space.shape
         if len(shape) == 1:
             return env
-        if len(shape) == 3:
-            h, w, c = shape
-            if c < h and c < w:  # channel-last (H, W, C): to channel-first
-                if not _is_image(h, w):
-                    return FlattenObservation(env)
-                chw = gym.spaces.Box(
-                    np.transpose(space.low, (2, 0, 1)),
-                    np.transpose(space.high, (2, 0, 1)),
-                    dtype=space.dtype,
-                )
-                return TransformObservation(
-                    env, lambda o: np.ascontiguousarray(np.transpose(o, (2, 0, 1))), chw
-                )
-            return env if _is_image(shape[1], shape[2]) else FlattenObservation(env)
+        if len(shape) in (3, 4):
+            return _channel_first(env, space)
         if len(shape) == 2 and space.dtype == np.uint8 and _is_image(*shape):
             return ReshapeObservation(env, (1, *shape))  # one grayscale frame
         return FlattenObservation(env)

@@ -93,7 +93,15 @@ S = gym.spaces
         (_box((3, 4)), (12,), "float32", np.ravel),  # a small grid, not an image
         (_box((40, 40)), (1600,), "float32", np.ravel),  # float rank 2: not a frame
         (_box((8, 8, 3), np.uint8), (192,), "uint8", np.ravel),  # too small for the CNN
-        (_box((2, 3, 4, 5)), (120,), "float32", np.ravel),
+        (  # a stack of RGB frames, e.g. FrameStackObservation over a channel-last env
+            _box((4, 40, 50, 3), np.uint8),
+            (12, 40, 50),
+            "uint8",
+            lambda o: o.transpose(0, 3, 1, 2).reshape(12, 40, 50),
+        ),
+        (_box((4, 1, 40, 40), np.uint8), (4, 40, 40), "uint8", lambda o: o.reshape(4, 40, 40)),
+        (_box((2, 3, 4, 5)), (120,), "float32", np.ravel),  # rank 4, but too small
+        (_box((2, 1, 36, 36, 1), np.uint8), (2592,), "uint8", np.ravel),
         (_box(()), (1,), "float32", np.ravel),
         (S.Discrete(4), (4,), "float32", lambda o: _one_hot(4, o)),
         (S.Discrete(3, start=-1), (3,), "float32", lambda o: _one_hot(3, o + 1)),
@@ -117,7 +125,7 @@ S = gym.spaces
             lambda o: np.concatenate([_one_hot(2, o["a"]), o["b"]]),
         ),
     ],
-    ids=str,
+    ids=lambda v: str(v) if isinstance(v, gym.Space) else "",
 )
 def test_observation_adaptation_rules(
     space: gym.Space, shape: tuple, dtype: str, expected: Any
