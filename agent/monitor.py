@@ -38,6 +38,44 @@ def noise_stats(q_network: nn.Module) -> dict[str, float]:
     return dict(zip(stats, values, strict=True))
 
 
+def _device(q_network: nn.Module) -> torch.device:
+    return next(q_network.parameters()).device
+
+
+def _noise_free_q(q_network: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+    with noise_disabled(q_network):
+        return q_network(obs.to(_device(q_network)))
+
+
+def _top_two_gap(q: torch.Tensor) -> torch.Tensor:
+    if q.shape[1] < 2:
+        return q.new_zeros(())
+    top = q.topk(2, dim=1).values
+    return (top[:, 0] - top[:, 1]).mean()
+
+
+def _noisy_greedy(
+    q_network: nn.Module, obs: torch.Tensor, draws: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Greedy actions under fresh noise, one sample per chunk; the noise state is restored."""
+    layers = noisy_layers(q_network)
+    obs = obs.to(_device(q_network))
+    saved = [(lay.epsilon.clone(), lay.weight_epsilon.clone(), lay.noise_enabled) for lay in layers]
+    try:
+        actions = []
+        for chunk in obs.chunk(max(1, draws)):
+            for layer in layers:
+                layer.noise_enabled = True
+                layer.reset_noise(generator)
+            actions.append(q_network(chunk).argmax(dim=1))
+        return torch.cat(actions)
+    finally:
+        for layer, (eps, weight_eps, enabled) in zip(layers, saved, strict=True):
+            layer.epsilon.copy_(eps)  # in place: a captured graph keeps reading these
+            layer.weight_epsilon.copy_(weight_eps)
+            layer.noise_enabled = enabled
+
+
 @torch.no_grad()
 def action_disagreement(
     q_network: nn.Module,
@@ -60,27 +98,11 @@ def action_disagreement(
     About 1 - 1/n_actions when the noise swamps the action values; near 0 when the noise
     no longer changes what the agent does.
     """
-    layers = noisy_layers(q_network)
-    if not layers:
+    if not noisy_layers(q_network):
         return 0.0
-    device = layers[0].weight_sigma.device
-    obs = obs.to(device)
-    saved = [(lay.epsilon.clone(), lay.weight_epsilon.clone(), lay.noise_enabled) for lay in layers]
-    try:
-        with noise_disabled(q_network):
-            greedy = q_network(obs).argmax(dim=1)
-        noisy = []
-        for chunk in obs.chunk(max(1, draws)):
-            for layer in layers:
-                layer.noise_enabled = True
-                layer.reset_noise(generator)
-            noisy.append(q_network(chunk).argmax(dim=1))
-        return (torch.cat(noisy) != greedy).float().mean().item()
-    finally:
-        for layer, (eps, weight_eps, enabled) in zip(layers, saved, strict=True):
-            layer.epsilon.copy_(eps)
-            layer.weight_epsilon.copy_(weight_eps)
-            layer.noise_enabled = enabled
+    greedy = _noise_free_q(q_network, obs).argmax(dim=1)
+    noisy = _noisy_greedy(q_network, obs, draws, generator)
+    return (noisy != greedy).float().mean().item()
 
 
 @torch.no_grad()
@@ -90,32 +112,27 @@ def q_gap(q_network: nn.Module, obs: torch.Tensor) -> float:
     What the noise has to overcome to change an action: a gap that grows while the
     noise scale (``noise/*/sigma_mean``) shrinks means exploration is ending.
     """
-    device = next(q_network.parameters()).device
-    with noise_disabled(q_network):
-        q = q_network(obs.to(device))
-    if q.shape[1] < 2:
-        return 0.0
-    top = q.topk(2, dim=1).values
-    return (top[:, 0] - top[:, 1]).mean().item()
+    return _top_two_gap(_noise_free_q(q_network, obs)).item()
 
 
+@torch.no_grad()
 def exploration_stats(
     q_network: nn.Module, obs: torch.Tensor, *, draws: int, seed: int, noisy: bool = True
 ) -> dict[str, float]:
-    """``exploration/action_disagreement`` (when ``noisy``) and ``exploration/q_gap`` over ``obs``.
+    """``exploration/q_gap`` and (when ``noisy``) ``exploration/action_disagreement`` over ``obs``.
 
-    The noise comes from a generator of its own, seeded with ``seed``, on the network's
-    device: no RNG stream of training is touched.
+    One noise-free forward serves both, and one host read returns them. The noise comes
+    from a generator of its own, seeded with ``seed``, on the network's device: no RNG
+    stream of training is touched.
     """
-    stats = {"exploration/q_gap": q_gap(q_network, obs)}
-    layers = noisy_layers(q_network)
-    if noisy and layers:
-        device = layers[0].weight_sigma.device
-        generator = torch.Generator(device=device).manual_seed(seed)
-        stats["exploration/action_disagreement"] = action_disagreement(
-            q_network, obs, draws=draws, generator=generator
-        )
-    return stats
+    q = _noise_free_q(q_network, obs)
+    stats = {"exploration/q_gap": _top_two_gap(q).float()}
+    if noisy and noisy_layers(q_network):
+        generator = torch.Generator(device=_device(q_network)).manual_seed(seed)
+        changed = _noisy_greedy(q_network, obs, draws, generator) != q.argmax(dim=1)
+        stats["exploration/action_disagreement"] = changed.float().mean()
+    values = torch.stack(list(stats.values())).tolist()
+    return dict(zip(stats, values, strict=True))
 
 
 class Monitor:
