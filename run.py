@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
 
 # numpy's OpenBLAS (the CPU acting path and evaluation run numpy matmuls) starts a
 # thread per core for matrices of ~64 rows and up; beside other busy processes (a
-# sweep, parallel seeds) that made a 64x128 @ 128x128 product take 4.4 ms instead of
-# 45 us. One thread, like torch_threads. Set before numpy is first imported (here,
-# lazily); an explicit setting in the environment wins.
+# sweep, parallel seeds) that made small products many times slower (docs/benchmarks.md).
+# One thread, like torch_threads. Set before numpy is first imported (here, lazily);
+# an explicit setting in the environment wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
@@ -182,6 +182,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> int:
+    import signal
+
+    from agent.checkpoint import CheckpointWriteError
     from agent.learner import NonFiniteError
     from agent.train import train
 
@@ -193,13 +196,19 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
             "state: lower lr or set max_grad_norm",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_FAILED
+    except CheckpointWriteError as e:  # a full disk, a quota, a read-only file system
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if result.status == "interrupted":
+        name = signal.Signals(result.stop_signal or signal.SIGINT).name
         print(
-            f"interrupted at step {result.global_step}; saved {run_dir}/checkpoints/last.pt\n"
-            f"resume with: python run.py --resume {run_dir}"
+            f"interrupted ({name}) at step {result.global_step}; saved "
+            f"{run_dir}/checkpoints/last.pt\nresume with: python run.py --resume {run_dir}"
         )
-        return EXIT_INTERRUPTED
+        # The shell's convention for a process ended by a signal: 130 for Ctrl-C, 143 for
+        # SIGTERM, so that schedulers and scripts see why it stopped.
+        return 128 + (result.stop_signal or signal.SIGINT)
     final = result.final_eval_return
     final_text = "n/a" if final is None else f"{final:.1f}"
     solved = (

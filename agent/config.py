@@ -65,7 +65,8 @@ class Config:
 
     # --- exploration ---
     exploration: Literal["noisy", "epsilon"] = "noisy"
-    """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy with the noise off."""
+    """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy, with the noise of any
+    noisy layers off everywhere (acting and learning: the sigmas stay as initialised)."""
     noise_interval: int = 1
     """Acting resamples the online net's noise every this many steps (1 in the paper); updates
     resample it too, so with k > 1 acting uses the noise of the latest resample of either."""
@@ -132,7 +133,8 @@ class Config:
     checkpoint_interval: int = 25_000
     """Environment steps between writes of checkpoints/last.pt."""
     capture_graph: bool = True
-    """On CUDA, capture action selection in a CUDA graph."""
+    """On CUDA, capture action selection in a CUDA graph (false: act eagerly, e.g. where capture
+    misbehaves)."""
 
     def validate(self) -> Config:
         """Raise :class:`UserError` on the first invalid value; return self."""

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ import gymnasium as gym
 import numpy as np
 
 from agent.errors import UserError
+from agent.signals import ignore_stop_signals
 
 __all__ = [
     "ATARI_FRAME_SKIP",
@@ -354,14 +356,24 @@ def make_vector_env(
         raise UserError(f"num_envs must be >= 1, got {num_envs}: pass --num-envs 1 or more")
     check_env_id(env_id)
     kwargs = dict(env_kwargs or {})
-    fns: list[Callable[[], gym.Env]] = [
-        lambda: make_env(env_id, env_kwargs=kwargs) for _ in range(num_envs)
-    ]
     mode = gym.vector.AutoresetMode.DISABLED
     if vector == "sync":
+        fns: list[Callable[[], gym.Env]] = [
+            lambda: make_env(env_id, env_kwargs=kwargs) for _ in range(num_envs)
+        ]
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
     if vector == "async":
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode)
+        parent = os.getpid()
+
+        def worker_env() -> gym.Env:
+            # A terminal's Ctrl-C (or Slurm's SIGTERM) reaches the whole process group:
+            # workers ignore it and let the parent save and close them. (AsyncVectorEnv
+            # also calls this factory once in the parent, for the spaces.)
+            if os.getpid() != parent:
+                ignore_stop_signals()
+            return make_env(env_id, env_kwargs=kwargs)
+
+        return gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=mode)
     raise UserError(f"vector must be 'sync' or 'async', got {vector!r}: use --set vector=sync")
 
 
