@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -162,6 +163,20 @@ def is_atari(env_id: str) -> bool:
     )
 
 
+def _constructor_arguments(env_id: str) -> list[str]:
+    """Keyword names the env's constructor takes (for hints; empty when they cannot be read)."""
+    from gymnasium.envs.registration import load_env_creator
+
+    try:
+        entry = gym.spec(env_id.rpartition(":")[2]).entry_point
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+        parameters = inspect.signature(creator).parameters.values()
+    except (gym.error.Error, ImportError, AttributeError, TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in kinds and p.name != "render_mode"]
+
+
 def _gym_make(env_id: str, env_kwargs: Mapping[str, Any] | None, **fixed: Any) -> gym.Env:
     """``gymnasium.make`` with the user's ``env_kwargs``; a keyword it rejects is a UserError."""
     user = dict(env_kwargs or {})
@@ -174,9 +189,17 @@ def _gym_make(env_id: str, env_kwargs: Mapping[str, Any] | None, **fixed: Any) -
             raise
         found = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if found:
+            key, names = found.group(1), _constructor_arguments(env_id)
+            close = difflib.get_close_matches(key, names, n=1)
+            if close:
+                hint = f"did you mean {close[0]}?"
+            elif names:
+                hint = f"it takes {', '.join(names)}"
+            else:
+                hint = "see the env's constructor"
             raise UserError(
-                f"{env_id} does not accept env_kwargs key {found.group(1)!r}: remove it from "
-                "env_kwargs (check the env's constructor arguments for the right name)"
+                f"{env_id} does not accept env_kwargs key {key!r} ({hint}): fix or remove it "
+                "in env_kwargs"
             ) from None
         reason = str(e).splitlines()[0] if str(e) else ""
         raise UserError(

@@ -217,9 +217,12 @@ def test_env_kwargs_reach_every_env() -> None:
 
 
 def test_env_kwargs_the_env_rejects_are_user_errors() -> None:
-    with pytest.raises(UserError, match="FrozenLake-v1 does not accept env_kwargs key 'slippery'"):
+    with pytest.raises(
+        UserError,
+        match=r"FrozenLake-v1 does not accept env_kwargs key 'slippery' \(did you mean is_slip",
+    ):
         inspect_env("FrozenLake-v1", {"slippery": True})
-    with pytest.raises(UserError, match="does not accept env_kwargs key 'foo'"):
+    with pytest.raises(UserError, match=r"key 'foo' \(it takes sutton_barto_reward\)"):
         make_vector_env("CartPole-v1", 2, env_kwargs={"foo": 1})
     with pytest.raises(UserError, match=r"rejected env_kwargs \{'map_name': '9x9'\}"):
         make_env("FrozenLake-v1", env_kwargs={"map_name": "9x9"})
