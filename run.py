@@ -223,6 +223,7 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    import gymnasium as gym
     import torch
 
     from agent.acting import ActionSelector
@@ -237,9 +238,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
     data = load_checkpoint(args.eval)
-    spec = inspect_env(args.env)
-    check_compatible(data, args.env, spec.obs_shape, spec.n_actions)
     cfg = config_from_dict(dict(data["config"]), str(args.eval))
+    # The training env's options (env_kwargs) apply when evaluating on the training env id.
+    env_kwargs = cfg.env_kwargs if args.env == data["env_id"] else {}
+    spec = inspect_env(args.env, env_kwargs)
+    check_compatible(data, args.env, spec.obs_shape, spec.n_actions)
     device = resolve_device(args.device or "auto")
     torch.set_num_threads(1)
     q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
@@ -247,7 +250,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
     copies = 1 if args.video else min(args.episodes, 10)
     envs = [
-        make_env(args.env, render_mode="rgb_array" if args.video else None) for _ in range(copies)
+        make_env(args.env, render_mode="rgb_array" if args.video else None, env_kwargs=env_kwargs)
+        for _ in range(copies)
     ]
     if args.video:
         try:
@@ -264,7 +268,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     selector = ActionSelector(
         q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
     )
-    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
+    try:
+        result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
+    except gym.error.DependencyNotInstalled as e:  # rendering needs what training did not
+        _user_error(f"--video cannot render {args.env}: {e}")
     for env in envs:
         env.close()
     print(

@@ -36,16 +36,18 @@ from agent.errors import UserError
 from agent.evaluate import run_episodes
 from agent.frame_replay import FrameReplayBuffer
 from agent.learner import Learner, NonFiniteError
-from agent.monitor import Monitor, noise_stats
+from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.replay import ReplayBuffer
 from agent.signals import StopSignals
-from envs import EnvSpec, inspect_env, make_env, make_vector_env
+from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
 __all__ = ["Agent", "TrainResult", "build_agent", "build_q_network", "resolve_device", "train"]
 
 # Evaluation episodes played at once (one batched action per step for all of them).
 EVAL_BATCH = 10
+# Replay states behind the exploration/* scalars, drawn at each log (batch_size at a time).
+PROBE_STATES = 256
 
 
 @dataclass
@@ -221,7 +223,8 @@ def train(
     divergence.
     """
     wall_start = time.perf_counter()
-    spec = inspect_env(cfg.env_id)  # user errors (bad id, spaces) before anything is written
+    # User errors (bad id, spaces, env_kwargs) before anything is written.
+    spec = inspect_env(cfg.env_id, cfg.env_kwargs)
     device = resolve_device(cfg.device)
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
@@ -242,10 +245,13 @@ def train(
         torch.set_flush_denormal(True)
     seed_everything(cfg.seed)
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
-        envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector)
+        envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs)
         cleanup.callback(_close_quietly, envs)
         # Evaluation plays up to EVAL_BATCH episodes at once on its own env copies.
-        eval_envs = [make_env(cfg.env_id) for _ in range(min(EVAL_BATCH, cfg.eval_episodes))]
+        eval_envs = [
+            make_env(cfg.env_id, env_kwargs=cfg.env_kwargs)
+            for _ in range(min(EVAL_BATCH, cfg.eval_episodes))
+        ]
         cleanup.callback(_close_quietly, *eval_envs)
         target_return = spec.reward_threshold if cfg.target_return is None else cfg.target_return
         agent = build_agent(cfg, spec, device, len(eval_envs))
@@ -403,6 +409,18 @@ def train(
                 if cfg.exploration == "epsilon":
                     scalars["charts/epsilon"] = epsilon
                 scalars.update(noise_stats(q_network))
+                if len(replay) >= cfg.batch_size:
+                    # Own generators, seeded per log step: no training RNG stream moves.
+                    probe_seed = episode_seed(cfg.seed, 0, step, stream=3)
+                    probe = torch.Generator(device=replay.storage_device).manual_seed(probe_seed)
+                    draws = max(1, PROBE_STATES // cfg.batch_size)
+                    probe_obs = [replay.sample(cfg.batch_size, probe).obs for _ in range(draws)]
+                    scalars.update(
+                        exploration_stats(
+                            q_network, torch.cat(probe_obs), draws=draws, seed=probe_seed,
+                            noisy=cfg.exploration == "noisy",
+                        )
+                    )  # fmt: skip
                 monitor.scalars(step, scalars)
                 monitor.progress(step, sps=f"{monitor.sps(step):.0f}")
 

@@ -253,7 +253,9 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
     [
         (["--env", "CartPol-v1"], "did you mean CartPole-v1"),
         (["--env", "Pendulum-v1"], "Discrete action space"),
-        (["--env", "Blackjack-v1"], "observation space"),
+        (["--env", "envs.testing:NoisyDQN/Text-v0"], "cannot be flattened"),
+        (["--env", "CartPole-v1", "--set", "env_kwargs={foo: 1}"], "env_kwargs key 'foo'"),
+        (["--env", "CartPole-v1", "--set", "env_kwargs=[1]"], "must be a mapping"),
         (["--env", "CartPole-v1", "--set", "lrr=0.1"], "unknown config key 'lrr'"),
         (["--env", "CartPole-v1", "--set", "lr=-1"], "lr must be > 0"),
         (["--env", "CartPole-v1", "--set", "batch_size=big"], "must be int"),
