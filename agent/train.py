@@ -42,7 +42,15 @@ from agent.replay import ReplayBuffer
 from agent.signals import StopSignals
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
-__all__ = ["Agent", "TrainResult", "build_agent", "build_q_network", "resolve_device", "train"]
+__all__ = [
+    "Agent",
+    "TrainResult",
+    "build_agent",
+    "build_q_network",
+    "exploration_probe",
+    "resolve_device",
+    "train",
+]
 
 # Evaluation episodes played at once (one batched action per step for all of them).
 EVAL_BATCH = 10
@@ -409,18 +417,12 @@ def train(
                 if cfg.exploration == "epsilon":
                     scalars["charts/epsilon"] = epsilon
                 scalars.update(noise_stats(q_network))
-                if len(replay) >= cfg.batch_size:
-                    # Own generators, seeded per log step: no training RNG stream moves.
+                if len(replay) >= cfg.batch_size:  # how much the noise changes behaviour
                     probe_seed = episode_seed(cfg.seed, 0, step, stream=3)
-                    probe = torch.Generator(device=replay.storage_device).manual_seed(probe_seed)
-                    draws = max(1, PROBE_STATES // cfg.batch_size)
-                    probe_obs = [replay.sample(cfg.batch_size, probe).obs for _ in range(draws)]
+                    noisy = cfg.exploration == "noisy"
                     scalars.update(
-                        exploration_stats(
-                            q_network, torch.cat(probe_obs), draws=draws, seed=probe_seed,
-                            noisy=cfg.exploration == "noisy",
-                        )
-                    )  # fmt: skip
+                        exploration_probe(q_network, replay, cfg.batch_size, probe_seed, noisy)
+                    )
                 monitor.scalars(step, scalars)
                 monitor.progress(step, sps=f"{monitor.sps(step):.0f}")
 
@@ -463,6 +465,24 @@ def train(
         )
         (run_dir / "result.json").write_text(json.dumps(result.__dict__, indent=2))
         return result
+
+
+def exploration_probe(
+    q_network: QNetwork,
+    replay: ReplayBuffer | FrameReplayBuffer,
+    batch_size: int,
+    seed: int,
+    noisy: bool,
+) -> dict[str, float]:
+    """``exploration/*`` scalars over ``PROBE_STATES`` replay states (agent/monitor.py).
+
+    Generators of its own, seeded with ``seed``: no training RNG stream moves. Samples
+    of ``batch_size``, the size the pinned staging slots were made for.
+    """
+    generator = torch.Generator(device=replay.storage_device).manual_seed(seed)
+    draws = max(1, PROBE_STATES // batch_size)
+    obs = torch.cat([replay.sample(batch_size, generator).obs for _ in range(draws)])
+    return exploration_stats(q_network, obs, draws=draws, seed=seed, noisy=noisy)
 
 
 def _close_quietly(*things: Any) -> None:
