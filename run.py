@@ -107,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--video", metavar="DIR", help="record mp4 files here (needs the video extra)")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the results")
+    ex = p.add_argument_group('export (onnx needs the export extra: pip install -e ".[export]")')
+    ex.add_argument(
+        "--export",
+        metavar="CHECKPOINT",
+        help="write the noise-free greedy policy of a .pt file as ONNX or torch.export, verified",
+    )
+    ex.add_argument(
+        "--format",
+        choices=["onnx", "torch"],  # agent.export.FORMATS (not imported: it imports torch)
+        help="onnx (default; or from --out's suffix) or torch (torch.export, .pt2)",
+    )
+    ex.add_argument("--out", metavar="FILE", help="default: beside the checkpoint, e.g. best.onnx")
     return p
 
 
@@ -220,7 +232,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agent.checkpoint import check_compatible, load_checkpoint
     from agent.config import config_from_dict
     from agent.evaluate import run_episodes
-    from agent.train import build_q_network, resolve_device
+    from agent.train import resolve_device
     from envs import inspect_env, make_env
 
     if not args.env:
@@ -233,8 +245,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = config_from_dict(dict(data["config"]), str(args.eval))
     device = resolve_device(args.device or "auto")
     torch.set_num_threads(1)
-    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
-    q_network.load_state_dict(data["q_network"])
+    q_network = _q_network_from(data, str(args.eval), spec, device)
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
     if args.video:
         envs = [video_env(args.env, args.video)]
@@ -318,6 +329,54 @@ def video_env(env_id: str, video_dir: str | Path) -> Any:
         _user_error(f"cannot write videos to {video_dir} ({e.strerror}): pass another --video DIR")
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from agent.checkpoint import check_compatible, load_checkpoint
+    from agent.export import FORMATS, ExportMismatch, require_format, write_verified
+    from envs import inspect_env, make_env
+
+    checkpoint = Path(args.export)
+    if checkpoint.is_dir():  # a run directory: its last.pt, as load_checkpoint reads it
+        checkpoint = checkpoint / "checkpoints" / "last.pt"
+    suffixes = {suffix: name for name, suffix in FORMATS.items()}
+    fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
+    require_format(fmt)  # a missing extra is reported before anything runs
+    out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
+    data = load_checkpoint(checkpoint)
+    env_id = args.env or data["env_id"]
+    spec = inspect_env(env_id)
+    check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
+    torch.set_num_threads(1)  # batch-1 forwards while playing the env: one thread is fastest
+    q_network = _q_network_from(data, str(checkpoint), spec, "cpu")
+    env = make_env(env_id)
+    try:
+        result = write_verified(q_network, env, out, fmt, obs_dtype=data["obs_dtype"])
+    except ExportMismatch as e:
+        # Not the user's mistake: the exporter or runtime computes another policy.
+        print(
+            f"error: the exported model does not match {checkpoint}: {e}; nothing written "
+            "(please report this)",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        env.close()
+    print(f"wrote {out} ({fmt}), checked against {checkpoint} on {env_id}: {result.summary()}")
+    return 0
+
+
+def _q_network_from(data: dict[str, Any], source: str, spec: Any, device: Any) -> Any:
+    """The checkpoint's online network, on ``device``."""
+    from agent.config import config_from_dict
+    from agent.train import build_q_network
+
+    cfg = config_from_dict(dict(data["config"]), source)
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
+    q_network.load_state_dict(data["q_network"])
+    return q_network
+
+
 def _user_error(message: str) -> NoReturn:
     from agent.errors import UserError
 
@@ -342,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list_config:
             return list_config()
+        if args.export:
+            return cmd_export(args)
         if _is_sweep(args):
             from agent.sweep import cmd_sweep
 
