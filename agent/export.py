@@ -335,6 +335,8 @@ def write_verified(
         os.close(fd)
     except OSError as e:
         reason = e.strerror or str(e)
+        if isinstance(e, (FileExistsError, NotADirectoryError)):  # mkdir's view of it
+            reason = "a part of its directory path is a file"
         raise UserError(f"cannot write {out} ({reason}): pass --out a writable path") from None
     tmp = Path(tmp_name)
     try:
