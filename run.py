@@ -249,6 +249,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     q_network = _q_network_from(data, str(args.eval), spec, device)
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
     if args.video:
+        from envs.video import video_env
+
         envs = [video_env(args.env, args.video)]
     else:
         envs = [make_env(args.env) for _ in range(min(args.episodes, 10))]
@@ -284,50 +286,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
         )
     return 0
-
-
-def video_env(env_id: str, video_dir: str | Path) -> Any:
-    """``make_env(env_id)`` rendering ``rgb_array`` frames, every episode recorded as an mp4."""
-    import gymnasium as gym
-
-    from envs import is_atari, make_env
-    from envs.make import ATARI_FRAME_SKIP
-
-    try:
-        import moviepy  # noqa: F401  (RecordVideo writes the files with it)
-    except ImportError:
-        _user_error('--video needs the video extra: pip install -e ".[video]"')
-    from gymnasium.wrappers import RecordVideo
-
-    # rgb_array frames are drawn off-screen: no window, so no display. Without this, SDL
-    # (pygame) on a headless machine prints "error: XDG_RUNTIME_DIR is invalid ...".
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    env = None
-    try:
-        # gymnasium raises DependencyNotInstalled (no pygame, ...) at make or at the first
-        # render: render one frame now, before anything is written. Evaluation resets with
-        # its own seeds afterwards, so this reset changes nothing.
-        env = make_env(env_id, render_mode="rgb_array")
-        env.reset()
-        env.render()
-    except gym.error.DependencyNotInstalled as e:
-        if env is not None:
-            env.close()
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        _user_error(
-            f"--video cannot render {env_id} ({reason}): install the video extra, "
-            'pip install -e ".[video]"'
-        )
-    # ALE declares 30 fps, but one agent step is frame_skip frames of a 60 Hz console:
-    # real time is 60 / frame_skip frames per second.
-    fps = 60 // ATARI_FRAME_SKIP if is_atari(env_id) else None
-    try:
-        return RecordVideo(
-            env, str(video_dir), episode_trigger=lambda _: True, fps=fps, disable_logger=True
-        )
-    except OSError as e:
-        env.close()
-        _user_error(f"cannot write videos to {video_dir} ({e.strerror}): pass another --video DIR")
 
 
 def cmd_export(args: argparse.Namespace) -> int:

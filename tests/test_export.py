@@ -21,7 +21,7 @@ import torch
 import envs.testing  # noqa: F401  (registers NoisyDQN/Frames-v0: uint8 frames, Nature CNN)
 import run
 from agent.checkpoint import FORMAT, load_checkpoint
-from agent.config import config_from_dict, load_config
+from agent.config import config_from_dict
 from agent.export import (
     ExportMismatch,
     GreedyPolicy,
@@ -33,22 +33,11 @@ from agent.export import (
 )
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, noise_disabled
-from agent.train import build_q_network, train
+from agent.train import build_q_network
+from conftest import train_checkpoint
 from envs import make_env
 
 ROOT = Path(__file__).resolve().parent.parent
-
-SHORT = {
-    "learning_starts": 200,
-    "train_freq": 2,
-    "buffer_size": 2_000,
-    "eval_interval": 0,
-    "eval_episodes": 1,
-    "confirm_episodes": 1,
-    "early_stop": False,
-    "checkpoint_interval": 100_000,
-    "device": "cpu",
-}
 
 # name: (env id, config overrides, steps). Noise on every layer, so that folding matters.
 NETWORKS = {
@@ -86,9 +75,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = {}
     for name, (env_id, overrides, steps) in NETWORKS.items():
         run_dir = tmp_path_factory.mktemp(name) / "run"
-        cfg = load_config(env_id, overrides={**SHORT, **overrides, "total_steps": steps})
-        train(cfg, run_dir, progress=False, echo=lambda _: None)
-        paths[name] = run_dir / "checkpoints" / "last.pt"
+        paths[name] = train_checkpoint(run_dir, env_id, steps, **overrides)
     return paths
 
 

@@ -15,23 +15,11 @@ import numpy as np
 import pytest
 
 import run
-from agent.config import load_config
-from agent.train import train
+from conftest import train_checkpoint
 from envs import episode_seed, make_env
 
 # The episodes of `run.py --eval` come from seed stream 2 (see agent/evaluate.py).
 EVAL_STREAM = 2
-
-TINY = {
-    "learning_starts": 200,
-    "buffer_size": 1_000,
-    "eval_interval": 0,
-    "eval_episodes": 1,
-    "confirm_episodes": 1,
-    "early_stop": False,
-    "checkpoint_interval": 100_000,
-    "device": "cpu",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -39,17 +27,9 @@ def headless(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
 
 
-def _checkpoint(run_dir: Path, env_id: str, total_steps: int) -> Path:
-    overrides = {**TINY, "total_steps": total_steps}
-    overrides["learning_starts"] = min(total_steps, TINY["learning_starts"])
-    cfg = load_config(env_id, overrides=overrides)
-    train(cfg, run_dir, progress=False, echo=lambda _: None)
-    return run_dir / "checkpoints" / "last.pt"
-
-
 @pytest.fixture(scope="module")
 def cartpole_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _checkpoint(tmp_path_factory.mktemp("cartpole") / "run", "CartPole-v1", 1_000)
+    return train_checkpoint(tmp_path_factory.mktemp("cartpole") / "run", "CartPole-v1", 1_000)
 
 
 def _frames(path: Path) -> np.ndarray:
@@ -104,7 +84,8 @@ def test_atari_video_shows_the_game_screen(tmp_path: Path, capsys: pytest.Captur
     pytest.importorskip("moviepy")
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
-    checkpoint = _checkpoint(tmp_path / "run", "ALE/Pong-v5", 100)  # no update: an untrained policy
+    # 100 steps, no update: an untrained policy plays one short game.
+    checkpoint = train_checkpoint(tmp_path / "run", "ALE/Pong-v5", 100)
     report, videos = _eval_with_video("ALE/Pong-v5", checkpoint, tmp_path / "videos", 1, capsys)
 
     assert len(videos) == 1
@@ -114,6 +95,26 @@ def test_atari_video_shows_the_game_screen(tmp_path: Path, capsys: pytest.Captur
     assert clip.shape[1:] == (210, 160, 3)
     screen = _first_screen("ALE/Pong-v5", 5)
     assert np.abs(clip[0].astype(int) - screen).mean() < 3
+
+
+def test_every_captured_frame_is_in_the_file(tmp_path: Path) -> None:
+    # Always pushing left ends these CartPole episodes after 11 and 10 steps: 12 and 11
+    # frames, lengths whose last frame moviepy 2.2's writer drops (it writes 11 and 10).
+    pytest.importorskip("moviepy")
+    from envs.video import video_env
+
+    env = video_env("CartPole-v1", tmp_path / "videos")
+    lengths = []
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        steps, done = 0, False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(0)
+            steps, done = steps + 1, terminated or truncated
+        lengths.append(steps)
+    env.close()
+    videos = sorted((tmp_path / "videos").glob("*.mp4"))
+    assert [len(_frames(v)) for v in videos] == [n + 1 for n in lengths] == [12, 11]
 
 
 def test_missing_renderer_is_one_line_naming_the_video_extra(
