@@ -234,15 +234,11 @@ class Verification:
     max_q_error: float  # max |Q_exported - Q_reference| over every observation and action
 
     def summary(self) -> str:
-        ties = (
-            f"{self.near_ties} near-ties, {self.near_tie_differences} broken the other way"
-            if self.near_ties
-            else "no near-ties"
-        )
-        return (
-            f"actions equal on {self.observations} observations ({ties}), "
-            f"max |Q error| {self.max_q_error:.2g}"
-        )
+        n, other = self.observations, self.near_tie_differences
+        text = f"actions equal on {n - other} of {n} observations"
+        if other:
+            text += f", near-ties broken the other way on {other}"
+        return f"{text} ({self.near_ties} near-ties), max |Q error| {self.max_q_error:.2g}"
 
 
 def verify(
@@ -286,8 +282,9 @@ def verify(
     top2 = np.sort(q_reference, axis=1)[:, -2:] if q_reference.shape[1] > 1 else None
     gap = np.full(len(observations), np.inf) if top2 is None else top2[:, 1] - top2[:, 0]
     near_tie = gap <= 2 * tol
-    chosen = np.take_along_axis(q_reference, actions[:, None].astype(np.int64), axis=1)[:, 0]
     valid = (actions >= 0) & (actions < q_reference.shape[1])
+    index = np.where(valid, actions, 0).astype(np.int64)[:, None]
+    chosen = np.take_along_axis(q_reference, index, axis=1)[:, 0]
     ok = valid & np.where(
         near_tie, chosen >= q_reference.max(axis=1) - 2 * tol, actions == reference_actions
     )

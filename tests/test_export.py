@@ -145,7 +145,7 @@ def test_export_acts_like_the_checkpoint(
     out = tmp_path / "deploy" / f"policy.{'onnx' if fmt == 'onnx' else 'pt2'}"
     assert run.main(["--export", str(checkpoints[name]), "--format", fmt, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert re.search(r"actions equal on 2048 observations", printed), printed
+    assert re.search(r"actions equal on \d+ of 2048 observations", printed), printed
     # One self-contained file (no ONNX external-data file beside it, no temporary left).
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
 
@@ -239,6 +239,8 @@ def test_verification_counts_near_ties_and_accepts_either_tied_action() -> None:
     assert (second.near_ties, second.near_tie_differences) == (50, 50)
     with pytest.raises(ExportMismatch, match="actions differ on 50 of 50"):
         verify(picks(2), q, obs)
+    with pytest.raises(ExportMismatch, match="actions differ on 50 of 50"):
+        verify(picks(7), q, obs)  # not an action at all
 
 
 def test_a_wrong_export_is_exit_1_and_writes_nothing(
