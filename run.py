@@ -2,9 +2,9 @@
 
     python run.py --env CartPole-v1                       train with configs/ defaults
     python run.py --env CartPole-v1 --eval RUN/checkpoints/best.pt
+    python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
     python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep.py)
-    python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
 
 Every user error ends in one line naming the problem and the fix, with exit status 2.
 """
