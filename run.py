@@ -4,7 +4,7 @@
     python run.py --env CartPole-v1 --eval RUN/checkpoints/best.pt
     python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
-    python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep.py)
+    python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep/)
 
 Every user error ends in one line naming the problem and the fix, with exit status 2.
 """
@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
 
 # numpy's OpenBLAS (the CPU acting path and evaluation run numpy matmuls) starts a
 # thread per core for matrices of ~64 rows and up; beside other busy processes (a
-# sweep, parallel seeds) that made a 64x128 @ 128x128 product take 4.4 ms instead of
-# 45 us. One thread, like torch_threads. Set before numpy is first imported (here,
-# lazily); an explicit setting in the environment wins.
+# sweep, parallel seeds) that made small products many times slower (docs/benchmarks.md).
+# One thread, like torch_threads. Set before numpy is first imported (here, lazily);
+# an explicit setting in the environment wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
@@ -195,6 +195,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> int:
+    import signal
+
+    from agent.checkpoint import CheckpointWriteError
     from agent.learner import NonFiniteError
     from agent.train import train
 
@@ -206,13 +209,19 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
             "state: lower lr or set max_grad_norm",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_FAILED
+    except CheckpointWriteError as e:  # a full disk, a quota, a read-only file system
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if result.status == "interrupted":
+        name = signal.Signals(result.stop_signal or signal.SIGINT).name
         print(
-            f"interrupted at step {result.global_step}; saved {run_dir}/checkpoints/last.pt\n"
-            f"resume with: python run.py --resume {run_dir}"
+            f"interrupted ({name}) at step {result.global_step}; saved "
+            f"{run_dir}/checkpoints/last.pt\nresume with: python run.py --resume {run_dir}"
         )
-        return EXIT_INTERRUPTED
+        # The shell's convention for a process ended by a signal: 130 for Ctrl-C, 143 for
+        # SIGTERM, so that schedulers and scripts see why it stopped.
+        return 128 + (result.stop_signal or signal.SIGINT)
     final = result.final_eval_return
     final_text = "n/a" if final is None else f"{final:.1f}"
     solved = (
@@ -241,19 +250,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
     data = load_checkpoint(args.eval)
-    spec = inspect_env(args.env)
-    check_compatible(data, args.env, spec.obs_shape, spec.n_actions)
     cfg = config_from_dict(dict(data["config"]), str(args.eval))
+    # The training env's options (env_kwargs) apply when evaluating on the training env id.
+    env_kwargs = cfg.env_kwargs if args.env == data["env_id"] else {}
+    spec = inspect_env(args.env, env_kwargs)
+    check_compatible(data, args.env, spec.obs_shape, spec.n_actions)
     device = resolve_device(args.device or "auto")
     torch.set_num_threads(1)
-    q_network = _q_network_from(data, str(args.eval), spec, device)
+    q_network = _q_network_from(data, cfg, spec, device)
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
     if args.video:
         from envs.video import video_env
 
-        envs = [video_env(args.env, args.video)]
+        envs = [video_env(args.env, args.video, env_kwargs=env_kwargs)]
     else:
-        envs = [make_env(args.env) for _ in range(min(args.episodes, 10))]
+        envs = [make_env(args.env, env_kwargs=env_kwargs) for _ in range(min(args.episodes, 10))]
     seed = cfg.seed if args.seed is None else args.seed
     torch.manual_seed(seed)
     selector = ActionSelector(
@@ -292,6 +303,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import torch
 
     from agent.checkpoint import check_compatible, load_checkpoint
+    from agent.config import config_from_dict
     from agent.export import FORMATS, ExportMismatch, require_format, write_verified
     from envs import inspect_env, make_env
 
@@ -303,12 +315,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     require_format(fmt)  # a missing extra is reported before anything runs
     out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
     data = load_checkpoint(checkpoint)
+    cfg = config_from_dict(dict(data["config"]), str(checkpoint))
     env_id = args.env or data["env_id"]
-    spec = inspect_env(env_id)
+    # As for --eval: the training env's options apply on the training env id.
+    env_kwargs = cfg.env_kwargs if env_id == data["env_id"] else {}
+    spec = inspect_env(env_id, env_kwargs)
     check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
     torch.set_num_threads(1)  # batch-1 forwards while playing the env: one thread is fastest
-    q_network = _q_network_from(data, str(checkpoint), spec, "cpu")
-    env = make_env(env_id)
+    q_network = _q_network_from(data, cfg, spec, "cpu")
+    env = make_env(env_id, env_kwargs=env_kwargs)
     try:
         result = write_verified(q_network, env, out, fmt, obs_dtype=data["obs_dtype"])
     except ExportMismatch as e:
@@ -318,19 +333,17 @@ def cmd_export(args: argparse.Namespace) -> int:
             "(please report this)",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_FAILED
     finally:
         env.close()
     print(f"wrote {out} ({fmt}), checked against {checkpoint} on {env_id}: {result.summary()}")
     return 0
 
 
-def _q_network_from(data: dict[str, Any], source: str, spec: Any, device: Any) -> Any:
-    """The checkpoint's online network, on ``device``."""
-    from agent.config import config_from_dict
+def _q_network_from(data: dict[str, Any], cfg: Any, spec: Any, device: Any) -> Any:
+    """The checkpoint's online network (``cfg``: its config), on ``device``."""
     from agent.train import build_q_network
 
-    cfg = config_from_dict(dict(data["config"]), source)
     q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
     q_network.load_state_dict(data["q_network"])
     return q_network

@@ -1,19 +1,28 @@
 """Checkpoints: plain tensors and numbers, written atomically, loaded with weights_only=True.
 
-A checkpoint is a dict::
+Two kinds of checkpoint, both a dict of tensors and plain values. Their contents
+are defined here, in :func:`policy_checkpoint` and :func:`training_checkpoint`, next
+to their loading and their format version:
 
     format, version          identify our files
     env_id, obs_shape, obs_dtype, n_actions
     config                   the resolved Config as a dict
-    q_network, target_network, optimizer     state dicts
-    counters                 global_step, updates, episodes, ...
-    rng                      python / numpy / torch states, as tensors and ints
+    q_network                the online network's state dict
+    counters                 global_step, episodes, evaluation rounds, ...
+  training checkpoints (``last.pt``) add what an exact resume needs:
+    target_network, learner  state dicts (the learner's holds the optimizer)
+    eval_curve               (env steps, mean return) of every periodic evaluation
+    rng, sample_generator, explore_rng, selector    every random stream
     envs                     per sub-env episode number and actions so far (exact resume)
     replay                   the buffer's state dict (optional: ``save_buffer``)
 
+``best.pt`` is a policy checkpoint: it is for evaluation, so it never carries the
+replay buffer (gigabytes with Atari) or the optimizer.
+
 Writing goes to a temporary file in the same directory, flushed and fsynced,
 then ``os.replace``d over the old file: a crash or a full disk mid-write leaves
-the previous checkpoint intact.
+the previous checkpoint intact, and a failed write raises
+:class:`CheckpointWriteError`, one line naming the file, the cause and the fix.
 """
 
 from __future__ import annotations
@@ -27,38 +36,89 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from agent.errors import UserError
 
 __all__ = [
     "FORMAT",
     "VERSION",
+    "CheckpointWriteError",
     "check_compatible",
     "get_rng_state",
     "load_checkpoint",
+    "policy_checkpoint",
+    "restore_training",
     "save_checkpoint",
     "set_rng_state",
+    "training_checkpoint",
 ]
 
 FORMAT = "noisy-dqn-checkpoint"
 VERSION = 1
 
 
+class CheckpointWriteError(Exception):
+    """A checkpoint could not be written (full disk, quota, read-only file system, ...).
+
+    The file at ``path`` is as it was before the attempt. ``str()`` is one line that
+    names the file, the cause and the fix.
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path = Path(path)
+        self.reason = reason
+        self.saved_instead: tuple[Path, int] | None = None
+        """(path, env step) of a checkpoint that was still written after this failure."""
+
+    def __str__(self) -> str:
+        saved = ""
+        if self.saved_instead is not None:
+            path, step = self.saved_instead
+            saved = f"; {path} was saved at step {step}, resume from it with --resume"
+        return (
+            f"cannot write {self.path} ({self.reason}); the previous file there is intact{saved}: "
+            "free some space or pass another --run-dir"
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    """The root cause of a failed write in a few words (torch wraps ENOSPC in a RuntimeError)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text
+
+
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` (plus format and version) to ``path`` atomically."""
+    """Write ``payload`` (plus format and version) to ``path`` atomically.
+
+    Raises :class:`CheckpointWriteError` if the file cannot be written; the previous
+    file at ``path`` is left untouched and no temporary file is left behind.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "version": VERSION, **payload}
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp_name: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save(data, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         # Whatever went wrong (full disk, Ctrl-C), the previous file is untouched.
-        Path(tmp_name).unlink(missing_ok=True)
+        if tmp_name is not None:
+            Path(tmp_name).unlink(missing_ok=True)
+        # torch.save reports a full disk as a RuntimeError from its zip writer, chained
+        # to the OSError; either way the user needs the file and the cause.
+        if isinstance(exc, (OSError, RuntimeError)):
+            raise CheckpointWriteError(path, _reason(exc)) from None
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -111,6 +171,90 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"version {VERSION}: use the release that wrote it"
         )
     return data
+
+
+def policy_checkpoint(
+    *,
+    env_id: str,
+    obs_shape: tuple[int, ...],
+    obs_dtype: str,
+    n_actions: int,
+    config: dict[str, Any],
+    q_network: nn.Module,
+    counters: dict[str, Any],
+) -> dict[str, Any]:
+    """What evaluation (``--eval``) needs: the spaces, the config and the online network."""
+    return {
+        "env_id": env_id,
+        "obs_shape": list(obs_shape),
+        "obs_dtype": obs_dtype,
+        "n_actions": n_actions,
+        "config": config,
+        "q_network": q_network.state_dict(),
+        "counters": dict(counters),
+    }
+
+
+def training_checkpoint(
+    policy: dict[str, Any],
+    *,
+    target_network: nn.Module,
+    learner: Any,
+    eval_curve: list[tuple[int, float]],
+    sample_generator: torch.Generator,
+    explore_rng: np.random.Generator,
+    selector: Any,
+    episodes: dict[str, Any],
+    replay: Any | None,
+) -> dict[str, Any]:
+    """A :func:`policy_checkpoint` plus everything an exact resume needs (``last.pt``).
+
+    ``learner``, ``selector`` and ``replay`` are anything with a ``state_dict()``;
+    ``episodes`` is the episode bookkeeping's state (``agent.episodes``). With
+    ``replay=None`` the buffer is not saved and a resume starts with an empty one.
+    """
+    data = {
+        **policy,
+        "target_network": target_network.state_dict(),
+        "learner": learner.state_dict(),
+        "eval_curve": torch.tensor(eval_curve or [], dtype=torch.float64).reshape(-1, 2),
+        "rng": get_rng_state(),
+        "sample_generator": sample_generator.get_state(),
+        "explore_rng": explore_rng.bit_generator.state,  # nested dict of Python ints
+        "selector": selector.state_dict(),
+        "envs": episodes,
+    }
+    if replay is not None:
+        data["replay"] = replay.state_dict()
+    return data
+
+
+def restore_training(
+    data: dict[str, Any],
+    *,
+    q_network: nn.Module,
+    target_network: nn.Module,
+    learner: Any,
+    sample_generator: torch.Generator,
+    explore_rng: np.random.Generator,
+    selector: Any,
+    replay: Any,
+) -> list[tuple[int, float]]:
+    """Load a :func:`training_checkpoint` into the run's parts; returns the eval curve.
+
+    The counters and the episode state (``data["counters"]``, ``data["envs"]``) are
+    read by their owners. The replay buffer is restored only if it was saved.
+    """
+    q_network.load_state_dict(data["q_network"])
+    target_network.load_state_dict(data["target_network"])
+    learner.load_state_dict(data["learner"])
+    if "replay" in data:
+        replay.load_state_dict(data["replay"])
+    set_rng_state(data["rng"])
+    sample_generator.set_state(data["sample_generator"])
+    explore_rng.bit_generator.state = data["explore_rng"]
+    selector.load_state_dict(data["selector"])
+    return [(int(s), float(r)) for s, r in data["eval_curve"].tolist()]
 
 
 def check_compatible(

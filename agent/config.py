@@ -35,6 +35,9 @@ class Config:
     # --- run ---
     env_id: str = "CartPole-v1"
     """gymnasium environment id (any registered id, or ``module:Env-v0``)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of every ``gymnasium.make`` of the run (training, evaluation, video),
+    e.g. ``{goal_velocity: 0.02}`` for MountainCar-v0 or ``{max_episode_steps: 200}``."""
     seed: int = 1
     """Seed of torch, numpy, Python and every environment episode."""
     total_steps: int = 500_000
@@ -62,7 +65,8 @@ class Config:
 
     # --- exploration ---
     exploration: Literal["noisy", "epsilon"] = "noisy"
-    """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy with the noise off."""
+    """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy, with the noise of any
+    noisy layers off everywhere (acting and learning: the sigmas stay as initialised)."""
     noise_interval: int = 1
     """Acting resamples the online net's noise every this many steps (1 in the paper); updates
     resample it too, so with k > 1 acting uses the noise of the latest resample of either."""
@@ -129,7 +133,8 @@ class Config:
     checkpoint_interval: int = 25_000
     """Environment steps between writes of checkpoints/last.pt."""
     capture_graph: bool = True
-    """On CUDA, capture action selection in a CUDA graph."""
+    """On CUDA, capture action selection in a CUDA graph (false: act eagerly, e.g. where capture
+    misbehaves)."""
 
     def validate(self) -> Config:
         """Raise :class:`UserError` on the first invalid value; return self."""
@@ -138,6 +143,10 @@ class Config:
             if not ok:
                 raise UserError(f"invalid config: {what}")
 
+        need(
+            "render_mode" not in self.env_kwargs,
+            "env_kwargs cannot set render_mode (--video chooses it): remove it from env_kwargs",
+        )
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         need(self.total_steps > 0, f"total_steps must be > 0, got {self.total_steps}")
         need(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
@@ -239,6 +248,8 @@ def _type_name(tp: Any) -> str:
         return " | ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
         return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    if origin is dict:
+        return "a mapping such as {key: value}"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
@@ -261,6 +272,15 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
         (item_tp,) = typing.get_args(tp)
         items = [_coerce(v, item_tp) for v in value]
         return all(ok for ok, _ in items), [v for _, v in items]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return False, None
+        key_tp, value_tp = typing.get_args(tp)
+        pairs = [(_coerce(k, key_tp), _coerce(v, value_tp)) for k, v in value.items()]
+        ok = all(k_ok and v_ok for (k_ok, _), (v_ok, _) in pairs)
+        return ok, {k: v for (_, k), (_, v) in pairs}
+    if tp is Any:
+        return True, value
     if tp is type(None):
         return value is None, None
     if tp is bool:

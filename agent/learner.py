@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent.noisy import noisy_layers, set_noise
 from agent.optim import Adam
 
 __all__ = ["Learner", "NonFiniteError", "td_target"]
@@ -47,6 +48,9 @@ class Learner:
 
     Before every update the noise of both networks is resampled (independent
     noise for the online and the target network, as in the NoisyNet paper).
+    With ``noise=False`` (epsilon-greedy runs) the noise of both networks is switched
+    off for good: they learn on their mean weights, exactly as they act, and the
+    sigma parameters receive no gradient and stay as initialised.
     Metrics are summed on the device and only turned into floats by
     :meth:`metrics`, at the log interval.
     """
@@ -63,6 +67,7 @@ class Learner:
         huber_delta: float = 1.0,
         max_grad_norm: float | None = 10.0,
         tau: float = 1.0,
+        noise: bool = True,
     ) -> None:
         self.q_network = q_network
         self.target_network = target_network
@@ -71,7 +76,13 @@ class Learner:
         self.huber_delta = huber_delta
         self.max_grad_norm = max_grad_norm
         self.tau = tau
+        self.noise = noise
+        if not noise:
+            set_noise(q_network, False)
+            set_noise(target_network, False)
         self.target_network.requires_grad_(False)
+        # Found once (by type): the reset runs before every update.
+        self._noisy = [*noisy_layers(q_network), *noisy_layers(target_network)] if noise else []
         params = list(q_network.parameters())
         # One fused kernel per step and one flat gradient buffer (agent/optim.py).
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)
@@ -89,8 +100,8 @@ class Learner:
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
-        self.q_network.reset_noise()
-        self.target_network.reset_noise()
+        for layer in self._noisy:  # online first, then target: independent draws
+            layer.reset_noise()
         batch_size = batch.obs.shape[0]
 
         # One online forward over obs and next_obs together: half the per-call overhead

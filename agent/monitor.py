@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from agent.noisy import noisy_layers
+from agent.noisy import noise_disabled, noisy_layers
 
-__all__ = ["Monitor", "noise_stats"]
+__all__ = ["Monitor", "action_disagreement", "exploration_stats", "noise_stats", "q_gap"]
 
 
 @torch.no_grad()
@@ -35,6 +35,103 @@ def noise_stats(q_network: nn.Module) -> dict[str, float]:
     if not stats:
         return {}
     values = torch.stack(list(stats.values())).tolist()  # one host read for all layers
+    return dict(zip(stats, values, strict=True))
+
+
+def _device(q_network: nn.Module) -> torch.device:
+    return next(q_network.parameters()).device
+
+
+def _noise_free_q(q_network: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+    with noise_disabled(q_network):
+        return q_network(obs.to(_device(q_network)))
+
+
+def _top_two_gap(q: torch.Tensor) -> torch.Tensor:
+    if q.shape[1] < 2:
+        return q.new_zeros(())
+    top = q.topk(2, dim=1).values
+    return (top[:, 0] - top[:, 1]).mean()
+
+
+def _noisy_greedy(
+    q_network: nn.Module, obs: torch.Tensor, draws: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Greedy actions under fresh noise, one sample per chunk; the noise state is restored."""
+    layers = noisy_layers(q_network)
+    obs = obs.to(_device(q_network))
+    saved = [(lay.epsilon.clone(), lay.weight_epsilon.clone(), lay.noise_enabled) for lay in layers]
+    try:
+        actions = []
+        for chunk in obs.chunk(max(1, draws)):
+            for layer in layers:
+                layer.noise_enabled = True
+                layer.reset_noise(generator)
+            actions.append(q_network(chunk).argmax(dim=1))
+        return torch.cat(actions)
+    finally:
+        for layer, (eps, weight_eps, enabled) in zip(layers, saved, strict=True):
+            layer.epsilon.copy_(eps)  # in place: a captured graph keeps reading these
+            layer.weight_epsilon.copy_(weight_eps)
+            layer.noise_enabled = enabled
+
+
+@torch.no_grad()
+def action_disagreement(
+    q_network: nn.Module,
+    obs: torch.Tensor,
+    *,
+    draws: int = 1,
+    generator: torch.Generator | None = None,
+) -> float:
+    """Fraction of the states ``obs`` where a fresh noise sample changes the greedy action.
+
+    Compares argmax Q with the noise off (mean weights) and argmax Q under newly drawn
+    noise. ``obs`` is split into ``draws`` chunks, each under its own noise sample (a
+    noise sample is shared by a whole batch, so one draw for all states would make the
+    fraction swing with that one draw). The noise is drawn from ``generator`` (on the
+    network's device; ``None`` uses the device's default generator), and every noisy
+    layer's noise buffers and on/off switch are restored afterwards, in place (same
+    addresses), so acting, learning and a resumed run see exactly what they would have
+    without this call. A network without noisy layers gives 0.0.
+
+    About 1 - 1/n_actions when the noise swamps the action values; near 0 when the noise
+    no longer changes what the agent does.
+    """
+    if not noisy_layers(q_network):
+        return 0.0
+    greedy = _noise_free_q(q_network, obs).argmax(dim=1)
+    noisy = _noisy_greedy(q_network, obs, draws, generator)
+    return (noisy != greedy).float().mean().item()
+
+
+@torch.no_grad()
+def q_gap(q_network: nn.Module, obs: torch.Tensor) -> float:
+    """Mean gap between the best and second-best noise-free action values over ``obs``.
+
+    What the noise has to overcome to change an action: a gap that grows while the
+    noise scale (``noise/*/sigma_mean``) shrinks means exploration is ending.
+    """
+    return _top_two_gap(_noise_free_q(q_network, obs)).item()
+
+
+@torch.no_grad()
+def exploration_stats(
+    q_network: nn.Module, obs: torch.Tensor, *, draws: int, seed: int, noisy: bool = True
+) -> dict[str, float]:
+    """``exploration/q_gap`` and (when ``noisy``) ``exploration/action_disagreement`` over ``obs``.
+
+    One noise-free forward serves both, and one host read returns them. The noise comes
+    from a generator of its own, seeded with ``seed``, on the network's device: no RNG
+    stream of training is touched.
+    """
+    q = _noise_free_q(q_network, obs)
+    stats = {"exploration/q_gap": _top_two_gap(q).float()}
+    if noisy and noisy_layers(q_network):
+        generator = torch.Generator(device=_device(q_network)).manual_seed(seed)
+        changed = _noisy_greedy(q_network, obs, draws, generator) != q.argmax(dim=1)
+        stats["exploration/action_disagreement"] = changed.float().mean()
+    values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats, values, strict=True))
 
 

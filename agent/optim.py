@@ -2,11 +2,11 @@
 
 The update is ``torch.optim.Adam``'s (no weight decay, no amsgrad), computed by the
 same fused kernel that ``torch.optim.Adam(fused=True)`` calls. What differs is the
-cost around it, which is what a tiny network on a CPU pays for (4-128-128-2 MLP,
-measured in ``bench/learner.py``):
+cost around it, which is what a tiny network on a CPU pays for (``bench/learner.py``
+measures it; the figures are in docs/benchmarks.md):
 
-* ``torch.optim.Adam.step`` spends ~0.1 ms per call in Python before its kernel,
-  and its first call imports ``torch._dynamo`` (~1.5 s of every run's start-up);
+* ``torch.optim.Adam.step`` runs a long Python prologue before its kernel on every
+  call, and its first call imports ``torch._dynamo`` (seconds of every run's start-up);
 * ``clip_grad_norm_`` and ``zero_grad`` walk the parameters one by one; here every
   parameter's ``.grad`` is a view of one flat buffer (autograd accumulates into
   an existing ``.grad`` in place), so zeroing and clipping are one op each.
@@ -14,6 +14,12 @@ measured in ``bench/learner.py``):
 ``torch._fused_adam_`` is a private op (PyTorch >= 2.4 has it for CPU and CUDA).
 Where it is missing, or on other devices, the same update runs as a few plain
 tensor ops on the flat buffers.
+
+A parameter that received no gradient since :meth:`Adam.zero_grad` (frozen with
+``requires_grad_(False)``, or not used by the loss, like the sigmas of a noisy layer
+whose noise is off) is left alone, as ``torch.optim.Adam`` leaves a parameter whose
+``.grad`` is ``None``: no update, no moment decay, no step count. A hook on each
+parameter notes which ones autograd wrote to.
 """
 
 from __future__ import annotations
@@ -75,7 +81,14 @@ class Adam:
         # leaves incrementing them to the caller: one flat tensor, one add per step.
         self._steps = torch.zeros(len(self.params), device=first.device, dtype=torch.float32)
         self._step_list = list(self._steps.unbind())
+        self._counts = [0] * len(self.params)  # the same step counts, on the host
         self.step_count = 0
+        # Which parameters autograd wrote a gradient to since zero_grad (a Python list,
+        # so checking it never waits for the device).
+        self._has_grad = [False] * len(self.params)
+        flags = self._has_grad
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda _, i=i: flags.__setitem__(i, True))
         self.zero_grad()
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -88,7 +101,8 @@ class Adam:
     def zero_grad(self) -> None:
         """Zero the flat gradient buffer (one op) and point every ``.grad`` at its view."""
         self.flat_grad.zero_()
-        for p, g in zip(self.params, self._grads, strict=True):
+        for i, (p, g) in enumerate(zip(self.params, self._grads, strict=True)):
+            self._has_grad[i] = False
             if p.grad is not g:
                 p.grad = g
 
@@ -105,19 +119,39 @@ class Adam:
 
     @torch.no_grad()
     def step(self) -> None:
-        """One Adam update of every parameter from its ``.grad`` (a flat-buffer view)."""
+        """One Adam update of every parameter that received a gradient since zero_grad."""
         self.step_count += 1
-        if not self.fused:
-            self._step_unfused()
+        if all(self._has_grad):  # the hot path: every parameter, flat buffers, one kernel
+            every = range(len(self.params))
+            if not self.fused:
+                self._step_unfused(every)
+                return
+            self._steps.add_(1.0)
+            for i in every:
+                self._counts[i] += 1
+            self._fused(self.params, self._grads, self._exp_avgs, self._exp_avg_sqs,
+                        self._step_list)
             return
-        self._steps.add_(1.0)
+        stepped = [i for i, has in enumerate(self._has_grad) if has]
+        if not stepped:
+            return
+        if not self.fused:
+            self._step_unfused(stepped)
+            return
+        for i in stepped:
+            self._step_list[i].add_(1.0)
+            self._counts[i] += 1
+        self._fused(*([lst[i] for i in stepped] for lst in (
+            self.params, self._grads, self._exp_avgs, self._exp_avg_sqs, self._step_list)))
+
+    def _fused(self, params, grads, exp_avgs, exp_avg_sqs, steps) -> None:  # type: ignore[no-untyped-def]
         torch._fused_adam_(
-            self.params,
-            self._grads,
-            self._exp_avgs,
-            self._exp_avg_sqs,
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
             [],  # max_exp_avg_sqs: amsgrad only
-            self._step_list,
+            steps,
             lr=self.lr,
             beta1=self.betas[0],
             beta2=self.betas[1],
@@ -127,23 +161,26 @@ class Adam:
             maximize=False,
         )
 
-    def _step_unfused(self) -> None:
-        """The same update as the kernel, as plain ops on the flat buffers."""
+    def _step_unfused(self, stepped: Iterable[int]) -> None:
+        """The same update as the kernel, as plain ops, for the parameters ``stepped``."""
         beta1, beta2 = self.betas
-        grad = self.flat_grad
-        self.exp_avg.lerp_(grad, 1.0 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        bias_correction1 = 1.0 - beta1**self.step_count
-        bias_correction2 = 1.0 - beta2**self.step_count
-        denom = (self.exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(self.eps)
-        update = (self.exp_avg / denom).mul_(-self.lr / bias_correction1)
-        for p, u in zip(self.params, self._views(update), strict=True):
-            p.add_(u)
+        for i in stepped:
+            self._counts[i] += 1
+            self._steps[i] += 1.0
+            p, grad = self.params[i], self._grads[i]
+            exp_avg, exp_avg_sq = self._exp_avgs[i], self._exp_avg_sqs[i]
+            exp_avg.lerp_(grad, 1.0 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            bias_correction1 = 1.0 - beta1 ** self._counts[i]
+            bias_correction2 = 1.0 - beta2 ** self._counts[i]
+            denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(self.eps)
+            p.addcdiv_(exp_avg, denom, value=-self.lr / bias_correction1)
 
     def state_dict(self) -> dict:
         """Tensors and plain numbers only (checkpoints load with ``weights_only=True``)."""
         return {
             "step": self.step_count,
+            "steps": torch.tensor(self._counts, dtype=torch.int64),  # per parameter
             "exp_avg": self.exp_avg.clone(),
             "exp_avg_sq": self.exp_avg_sq.clone(),
             "lr": self.lr,
@@ -164,7 +201,17 @@ class Adam:
                 )
             getattr(self, name).copy_(saved)
         self.step_count = int(state["step"])
-        self._steps.fill_(float(self.step_count))
+        counts = state.get("steps")  # older states: every parameter stepped every time
+        if counts is None:
+            self._counts = [self.step_count] * len(self.params)
+        else:
+            if len(counts) != len(self.params):
+                raise ValueError(
+                    f"optimizer state covers {len(counts)} parameters, "
+                    f"this network has {len(self.params)}"
+                )
+            self._counts = [int(c) for c in counts.tolist()]
+        self._steps.copy_(torch.tensor(self._counts, dtype=torch.float32))
 
 
 def _from_torch_adam(state: dict, params: list[nn.Parameter]) -> dict:

@@ -4,8 +4,10 @@
     python bench/acting.py --quick    # short run
 
 For each device (CPU always, CUDA when present), network (a 4-64-64-2 MLP as for
-CartPole, plain and noisy; on GPU also an Atari-shaped Nature-CNN) and batch size
-(num_envs 1 and 8), it times single calls of
+CartPole, plain and noisy; the same noisy MLP written as a user would write it, a
+plain ``nn.Module`` with ``NoisyLinear`` attributes and a functional forward; on GPU
+also an Atari-shaped Nature-CNN) and batch size (num_envs 1 and 8), it times single
+calls of
 
 * eager: what a plain training loop does per step, under ``torch.inference_mode()``:
   observation to the device, ``reset_noise()`` if the network is noisy, forward,
@@ -33,11 +35,29 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
 
+import torch.nn.functional as F
+from torch import nn
+
 from agent.acting import ActionSelector
 from agent.networks import QNetwork
+from agent.noisy import NoisyLinear, reset_noise
 
 MLP_SHAPE = (4,)
 CNN_SHAPE = (4, 84, 84)
+
+
+class UserMLP(nn.Module):
+    """A noisy 4-64-64-2 MLP as users write one: not a QNetwork, a functional forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.obs_shape = MLP_SHAPE
+        self.fc1 = NoisyLinear(4, 64)
+        self.fc2 = NoisyLinear(64, 64)
+        self.fc3 = NoisyLinear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
 def time_calls(fn: Callable[[], object], calls: int) -> float:
@@ -52,7 +72,7 @@ def time_calls(fn: Callable[[], object], calls: int) -> float:
 
 
 def eager_actor(
-    q_network: QNetwork, device: torch.device, noisy: bool
+    q_network: nn.Module, device: torch.device, noisy: bool
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The straightforward per-step action code of a training loop, for comparison."""
 
@@ -60,7 +80,7 @@ def eager_actor(
         with torch.inference_mode():
             x = torch.as_tensor(obs, device=device)
             if noisy:
-                q_network.reset_noise()
+                reset_noise(q_network)
             return q_network(x).argmax(dim=1).cpu().numpy()
 
     return act
@@ -73,16 +93,22 @@ def make_obs(shape: tuple[int, ...], num_envs: int, rng: np.random.Generator) ->
     return [rng.standard_normal((num_envs, *shape)).astype(np.float32) for _ in range(8)]
 
 
-def make_case(device: torch.device, shape: tuple[int, ...], noisy: bool, num_envs: int) -> dict:
+def make_case(
+    device: torch.device, shape: tuple[int, ...], noisy: bool, num_envs: int, user: bool = False
+) -> dict:
     """One benchmark case: the two runners (eager, selector) and what to report about them."""
     torch.manual_seed(0)
     cnn = len(shape) == 3
-    q_network = QNetwork(
-        shape,
-        6 if cnn else 2,
-        (512,) if cnn else (64, 64),
-        noisy_layers="all" if noisy else "none",
-    ).to(device)
+    q_network: nn.Module
+    if user:
+        q_network = UserMLP().to(device)
+    else:
+        q_network = QNetwork(
+            shape,
+            6 if cnn else 2,
+            (512,) if cnn else (64, 64),
+            noisy_layers="all" if noisy else "none",
+        ).to(device)
     pool = make_obs(shape, num_envs, np.random.default_rng(0))
     eager = eager_actor(q_network, device, noisy)
     selector = ActionSelector(q_network, shape, num_envs, device, noise=True)
@@ -94,10 +120,12 @@ def make_case(device: torch.device, shape: tuple[int, ...], noisy: bool, num_env
 
     return {
         "device": device.type,
-        "network": ("Nature-CNN 4x84x84" if cnn else "MLP 4-64-64-2")
+        "network": ("user's " if user else "")
+        + ("Nature-CNN 4x84x84" if cnn else "MLP 4-64-64-2")
         + (" noisy" if noisy else " plain"),
         "noisy": noisy,
         "cnn": cnn,
+        "user": user,
         "num_envs": num_envs,
         "selector": selector,
         "runners": {
@@ -169,7 +197,7 @@ def main() -> None:
             for shape in shapes
             for noisy in (False, True)
             for num_envs in (1, 8)
-        ]
+        ] + [make_case(device, MLP_SHAPE, True, num_envs, user=True) for num_envs in (1, 8)]
         run_cases(cases, calls, repeats, warmup)
         for row in cases:
             print(
@@ -198,13 +226,19 @@ def main() -> None:
             sel = {
                 (r["noisy"], r["cnn"]): r
                 for r in rows
-                if r["device"] == device.type and r["num_envs"] == num_envs
+                if r["device"] == device.type and r["num_envs"] == num_envs and not r["user"]
             }
+            user = next(
+                r for r in rows
+                if r["device"] == device.type and r["num_envs"] == num_envs and r["user"]
+            )
             noisy_sel = sel[(True, False)]["selector_us"]
             plain_eager = sel[(False, False)]["eager_us"]
             print(
                 f"- {device.type}, num_envs={num_envs}: noisy selector / plain eager forward = "
                 f"{noisy_sel / plain_eager:.2f} (CPU target <= 1.5); "
+                f"user's noisy module, selector / plain eager forward = "
+                f"{user['selector_us'] / plain_eager:.2f} (CPU target <= 1.5); "
                 f"noisy eager / noisy selector = "
                 f"{sel[(True, False)]['eager_us'] / noisy_sel:.2f}x"
                 + (

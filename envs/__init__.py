@@ -2,7 +2,9 @@
 test envs."""
 
 from envs.make import (
+    MIN_IMAGE_SIZE,
     EnvSpec,
+    adapt_observations,
     check_env_id,
     episode_seed,
     inspect_env,
@@ -13,7 +15,9 @@ from envs.make import (
 )
 
 __all__ = [
+    "MIN_IMAGE_SIZE",
     "EnvSpec",
+    "adapt_observations",
     "check_env_id",
     "episode_seed",
     "inspect_env",

@@ -21,25 +21,54 @@ uint8. Episodes are whole games and rewards are the raw score: reward clipping
 and terminal-on-life-loss are training-only and live in the training loop
 (config keys ``clip_rewards`` and ``terminal_on_life_loss``), so evaluation and
 the logged returns always see the real game.
+
+Every other env gets its observations adapted by :func:`adapt_observations`, inside
+:func:`make_env` (the one factory of training's vector env, evaluation and video, so
+the three cannot differ), with gymnasium's own wrappers:
+
+* ``Box`` of rank 1: as it is.
+* ``Box`` of rank 3 (an image): channel-last ``(H, W, C)`` (the last dimension smaller
+  than the other two) is transposed to ``(C, H, W)``; channel-first stays. An image
+  smaller than the Nature CNN's 36x36 is flattened instead.
+* ``Box`` of rank 4 (a stack of images, e.g. ``FrameStackObservation`` over RGB frames):
+  ``(S, H, W, C)`` or ``(S, C, H, W)`` becomes ``(S * C, H, W)``; small ones are flattened.
+* ``Box`` of rank 2: a uint8 frame of at least 36x36 becomes a one-channel image
+  ``(1, H, W)``; anything else is flattened (``FlattenObservation``).
+* ``Box`` of rank 0 or > 4: flattened.
+* ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` and ``Tuple`` / ``Dict`` of those
+  (and of ``Box``): ``FlattenObservation`` (one-hot for the discrete parts, as
+  ``gymnasium.spaces.flatten`` defines it), then ``DtypeObservation`` to float32.
+* Anything else (``Text``, ``Graph``, ``Sequence``, ``OneOf``, or a Tuple holding
+  one): a :class:`UserError` saying so.
+
+``env_kwargs`` (the config key) are passed to every ``gymnasium.make`` of a run; a
+keyword the env does not take is a :class:`UserError` naming it.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable
+import inspect
+import os
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from agent.errors import UserError
+from agent.signals import ignore_stop_signals
 
 __all__ = [
     "ATARI_FRAME_SKIP",
     "ATARI_FRAME_STACK",
     "ATARI_SCREEN_SIZE",
+    "MIN_IMAGE_SIZE",
     "EnvSpec",
+    "adapt_observations",
     "check_env_id",
     "episode_seed",
     "inspect_env",
@@ -55,6 +84,8 @@ ATARI_SCREEN_SIZE = 84
 ATARI_FRAME_STACK = 4
 ATARI_NOOP_MAX = 30
 _ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
+# The smallest frame the Nature CNN takes (agent/networks.py); smaller "images" are flattened.
+MIN_IMAGE_SIZE = 36
 
 
 @dataclass(frozen=True)
@@ -132,19 +163,75 @@ def is_atari(env_id: str) -> bool:
     )
 
 
-def make_atari(env_id: str, *, render_mode: str | None = None) -> gym.Env:
+def _constructor_arguments(env_id: str) -> list[str]:
+    """Keyword names the env's constructor takes (for hints; empty when they cannot be read)."""
+    from gymnasium.envs.registration import load_env_creator
+
+    try:
+        entry = gym.spec(env_id.rpartition(":")[2]).entry_point
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+        parameters = inspect.signature(creator).parameters.values()
+    except (gym.error.Error, ImportError, AttributeError, TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in kinds and p.name != "render_mode"]
+
+
+def _gym_make(env_id: str, env_kwargs: Mapping[str, Any] | None, **fixed: Any) -> gym.Env:
+    """``gymnasium.make`` with the user's ``env_kwargs``; a keyword it rejects is a UserError."""
+    user = dict(env_kwargs or {})
+    try:
+        return gym.make(env_id, **user, **fixed)
+    except gym.error.DependencyNotInstalled as e:
+        raise UserError(f"{env_id} needs a package that is not installed: {e}") from None
+    except (TypeError, ValueError, KeyError) as e:
+        if not user:
+            raise
+        found = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if found:
+            key, names = found.group(1), _constructor_arguments(env_id)
+            close = difflib.get_close_matches(key, names, n=1)
+            if close:
+                hint = f"did you mean {close[0]}?"
+            elif names:
+                hint = f"it takes {', '.join(names)}"
+            else:
+                hint = "see the env's constructor"
+            raise UserError(
+                f"{env_id} does not accept env_kwargs key {key!r} ({hint}): fix or remove it "
+                "in env_kwargs"
+            ) from None
+        reason = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(
+            f"{env_id} rejected env_kwargs {user} ({type(e).__name__}: {reason}): "
+            "fix or remove those values"
+        ) from None
+
+
+def make_atari(
+    env_id: str,
+    *,
+    render_mode: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> gym.Env:
     """An ALE game with DQN preprocessing: ``(4, 84, 84)`` uint8 stacks, raw rewards, full games.
 
     The ALE env is made with ``frameskip=1`` so that ``AtariPreprocessing`` does the
     skipping (and the max-pooling over the last two frames); sticky actions
-    (``repeat_action_probability``) stay as the id defines them.
+    (``repeat_action_probability``) stay as the id defines them unless ``env_kwargs``
+    set them.
     """
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
-    kwargs: dict = {"frameskip": 1}
+    if env_kwargs and "frameskip" in env_kwargs:
+        raise UserError(
+            "env_kwargs cannot set frameskip for Atari ids: the DQN preprocessing skips "
+            f"{ATARI_FRAME_SKIP} frames itself; remove it from env_kwargs"
+        )
+    fixed: dict[str, Any] = {"frameskip": 1}
     if render_mode is not None:
-        kwargs["render_mode"] = render_mode
-    env = gym.make(env_id, **kwargs)
+        fixed["render_mode"] = render_mode
+    env = _gym_make(env_id, env_kwargs, **fixed)
     try:
         env = AtariPreprocessing(
             env,
@@ -164,22 +251,102 @@ def make_atari(env_id: str, *, render_mode: str | None = None) -> gym.Env:
     return FrameStackObservation(env, ATARI_FRAME_STACK, padding_type="reset")
 
 
-def make_env(env_id: str, *, render_mode: str | None = None) -> gym.Env:
-    """One environment (for evaluation, and the factory of each vector sub-environment).
+def _flattenable(space: gym.Space) -> bool:
+    """True for spaces ``gymnasium.spaces.flatten`` turns into a meaningful fixed-size vector."""
+    spaces = gym.spaces
+    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+        return True
+    if isinstance(space, spaces.Tuple):
+        return all(_flattenable(s) for s in space.spaces)
+    if isinstance(space, spaces.Dict):
+        return all(_flattenable(s) for s in space.spaces.values())
+    return False
 
-    Atari ids come preprocessed (:func:`make_atari`); every other id as registered.
+
+def _is_image(height: int, width: int) -> bool:
+    return min(height, width) >= MIN_IMAGE_SIZE
+
+
+def _channel_first(env: gym.Env, space: gym.spaces.Box) -> gym.Env:
+    """Images ``(H, W, C)`` / ``(C, H, W)`` and stacks of them ``(S, H, W, C)`` / ``(S, C, H, W)``
+    as ``(channels, H, W)`` (a stack's frames and channels merged); too small: flattened."""
+    from gymnasium.wrappers import FlattenObservation, TransformObservation
+
+    shape = space.shape
+    lead = len(shape) - 3  # 1 for a stack
+    if shape[-1] < shape[-3] and shape[-1] < shape[-2]:  # channel-last
+        axes = (*range(lead), lead + 2, lead, lead + 1)
+    else:
+        axes = tuple(range(len(shape)))
+    moved = tuple(shape[a] for a in axes)
+    height, width = moved[-2:]
+    if not _is_image(height, width):
+        return FlattenObservation(env)
+    out = (int(np.prod(moved[:-2])), height, width)
+    if out == shape:
+        return env
+
+    def to_chw(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(x, axes)).reshape(out)
+
+    chw = gym.spaces.Box(to_chw(space.low), to_chw(space.high), dtype=space.dtype)
+    return TransformObservation(env, to_chw, chw)
+
+
+def adapt_observations(env: gym.Env) -> gym.Env:
+    """``env`` with observations the Q-network takes: vectors ``(D,)`` or images ``(C, H, W)``.
+
+    The rules are in this module's docstring; every adaptation is one of gymnasium's
+    observation wrappers, so it applies to ``reset`` and ``step`` alike and the
+    wrapped env keeps rendering (video) as before.
+    """
+    from gymnasium.wrappers import DtypeObservation, FlattenObservation, ReshapeObservation
+
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Box):
+        shape = space.shape
+        if len(shape) == 1:
+            return env
+        if len(shape) in (3, 4):
+            return _channel_first(env, space)
+        if len(shape) == 2 and space.dtype == np.uint8 and _is_image(*shape):
+            return ReshapeObservation(env, (1, *shape))  # one grayscale frame
+        return FlattenObservation(env)
+    if _flattenable(space):
+        return DtypeObservation(FlattenObservation(env), np.float32)
+    raise UserError(
+        f"observation space {space} cannot be flattened into a fixed-size vector (Noisy DQN "
+        "takes Box, Discrete, MultiDiscrete, MultiBinary, and Tuple or Dict of those): "
+        "wrap the env to give such observations"
+    )
+
+
+def make_env(
+    env_id: str,
+    *,
+    render_mode: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> gym.Env:
+    """One environment (for evaluation, video, and the factory of each vector sub-environment).
+
+    Atari ids come preprocessed (:func:`make_atari`); every other id as registered
+    (with ``env_kwargs``) under :func:`adapt_observations`.
     """
     check_env_id(env_id)
     if is_atari(env_id):
-        return make_atari(env_id, render_mode=render_mode)
-    if render_mode is None:
-        return gym.make(env_id)
-    return gym.make(env_id, render_mode=render_mode)
+        return make_atari(env_id, render_mode=render_mode, env_kwargs=env_kwargs)
+    fixed = {} if render_mode is None else {"render_mode": render_mode}
+    env = _gym_make(env_id, env_kwargs, **fixed)
+    try:
+        return adapt_observations(env)
+    except UserError as e:
+        env.close()
+        raise UserError(f"{env_id}: {e}") from None
 
 
-def inspect_env(env_id: str) -> EnvSpec:
-    """Build the env once and check its spaces: Discrete actions, Box vectors or images."""
-    env = make_env(env_id)
+def inspect_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> EnvSpec:
+    """Build the env once, check for Discrete actions and report the adapted observations."""
+    env = make_env(env_id, env_kwargs=env_kwargs)
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(act_space, gym.spaces.Discrete):
@@ -187,11 +354,7 @@ def inspect_env(env_id: str) -> EnvSpec:
                 f"{env_id} has a {type(act_space).__name__} action space; Noisy DQN needs a "
                 "Discrete action space: pick an environment with discrete actions"
             )
-        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-            raise UserError(
-                f"{env_id} has the observation space {obs_space}; Noisy DQN supports Box vectors "
-                "(D,) and image stacks (C, H, W): flatten or wrap the observations first"
-            )
+        assert isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) in (1, 3)
         spec = env.spec
         return EnvSpec(
             env_id=env_id,
@@ -205,17 +368,35 @@ def inspect_env(env_id: str) -> EnvSpec:
         env.close()
 
 
-def make_vector_env(env_id: str, num_envs: int, vector: str = "sync") -> gym.vector.VectorEnv:
+def make_vector_env(
+    env_id: str,
+    num_envs: int,
+    vector: str = "sync",
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> gym.vector.VectorEnv:
     """``num_envs`` copies of ``env_id`` that the caller resets itself (autoreset disabled)."""
     if num_envs < 1:
         raise UserError(f"num_envs must be >= 1, got {num_envs}: pass --num-envs 1 or more")
     check_env_id(env_id)
-    fns: list[Callable[[], gym.Env]] = [lambda: make_env(env_id) for _ in range(num_envs)]
+    kwargs = dict(env_kwargs or {})
     mode = gym.vector.AutoresetMode.DISABLED
     if vector == "sync":
+        fns: list[Callable[[], gym.Env]] = [
+            lambda: make_env(env_id, env_kwargs=kwargs) for _ in range(num_envs)
+        ]
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
     if vector == "async":
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode)
+        parent = os.getpid()
+
+        def worker_env() -> gym.Env:
+            # A terminal's Ctrl-C (or Slurm's SIGTERM) reaches the whole process group:
+            # workers ignore it and let the parent save and close them. (AsyncVectorEnv
+            # also calls this factory once in the parent, for the spaces.)
+            if os.getpid() != parent:
+                ignore_stop_signals()
+            return make_env(env_id, env_kwargs=kwargs)
+
+        return gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=mode)
     raise UserError(f"vector must be 'sync' or 'async', got {vector!r}: use --set vector=sync")
 
 

@@ -27,6 +27,18 @@ gymnasium's ``FrameStackObservation`` over :class:`FrameEnv`:
   (so clipping changes them).
 * ``NoisyDQN/FramesTruncated-v0``: the same, truncated instead of terminated.
 
+Observation-space test envs (``envs.make.adapt_observations`` turns their observations
+into what the network takes), all :class:`SpaceEnv`: episodes of 5 steps that terminate,
+2 actions, reward 1 when the action equals ``step % 2``, and a cue bit drawn from the
+reset seed in every observation; ``render_mode="rgb_array"`` gives 8x8 frames (video):
+
+* ``NoisyDQN/MultiDiscrete-v0``: ``MultiDiscrete([3, 2])``, ``[step % 3, cue]``.
+* ``NoisyDQN/Tuple-v0``: ``Tuple(Discrete(5), Discrete(2))``, ``(step, cue)``.
+* ``NoisyDQN/Grid-v0``: ``Box`` of rank 2, ``(3, 4)`` float32, one 1.0 at ``[step % 3, cue]``.
+* ``NoisyDQN/ImageHWC-v0``: a channel-last ``(40, 40, 3)`` uint8 image of random bytes
+  with ``[0, 0, :] = (step, cue, 7)``.
+* ``NoisyDQN/Text-v0``: ``Text`` observations, which nothing can adapt (an error).
+
 Every frame encodes where it comes from: pixel ``[0, 0]`` is the step in the
 episode, ``[0, 1]`` an episode tag drawn at reset, the rest random bytes, so
 two frames are equal only by chance (tests compare stacks rebuilt by the frame
@@ -40,7 +52,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["CueEnv", "FrameEnv", "make_frames_env"]
+__all__ = ["SPACE_KINDS", "CueEnv", "FrameEnv", "SpaceEnv", "make_frames_env"]
 
 
 class CueEnv(gym.Env):
@@ -154,7 +166,81 @@ def make_frames_env(stack: int = 4, **kwargs: Any) -> gym.Env:
     return FrameStackObservation(FrameEnv(**kwargs), stack, padding_type="reset")
 
 
+SPACE_KINDS = ("MultiDiscrete", "Tuple", "Grid", "ImageHWC", "Text")
+
+
+class SpaceEnv(gym.Env):
+    """Five-step episodes whose observations live in the space named by ``kind``.
+
+    ``last_raw`` keeps the last observation as the env returned it (before any
+    wrapper), so that tests can check what the adaptation made of it.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 4}  # noqa: RUF012
+
+    def __init__(self, kind: str = "MultiDiscrete", render_mode: str | None = None) -> None:
+        if kind not in SPACE_KINDS:
+            raise ValueError(f"kind must be one of {SPACE_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.render_mode = render_mode
+        spaces = gym.spaces
+        self.observation_space = {
+            "MultiDiscrete": spaces.MultiDiscrete([3, 2]),
+            "Tuple": spaces.Tuple((spaces.Discrete(5), spaces.Discrete(2))),
+            "Grid": spaces.Box(0.0, 1.0, shape=(3, 4), dtype=np.float32),
+            "ImageHWC": spaces.Box(0, 255, shape=(40, 40, 3), dtype=np.uint8),
+            "Text": spaces.Text(5),
+        }[kind]
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+        self._cue = 0
+        self.last_raw: Any = None
+
+    def _obs(self) -> Any:
+        t, cue = self._t, self._cue
+        if self.kind == "MultiDiscrete":
+            obs: Any = np.array([t % 3, cue], dtype=np.int64)
+        elif self.kind == "Tuple":
+            obs = (t, cue)
+        elif self.kind == "Grid":
+            obs = np.zeros((3, 4), dtype=np.float32)
+            obs[t % 3, cue] = 1.0
+        elif self.kind == "ImageHWC":
+            obs = self.np_random.integers(0, 256, size=(40, 40, 3), dtype=np.uint8)
+            obs[0, 0] = (t, cue, 7)
+        else:
+            obs = "ab"[cue] * (t % 5 + 1)
+        self.last_raw = obs
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        self._cue = int(self.np_random.integers(2))
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        reward = 1.0 if int(action) == self._t % 2 else 0.0
+        self._t += 1
+        return self._obs(), reward, self._t >= 5, False, {}
+
+    def render(self) -> np.ndarray:
+        frame = np.zeros((8, 8, 3), dtype=np.uint8)
+        frame[self._t % 8, :, self._cue] = 255
+        return frame
+
+
 if "NoisyDQN/Cue-v0" not in gym.registry:
+    for _kind in SPACE_KINDS:
+        gym.register(
+            f"NoisyDQN/{_kind}-v0",
+            entry_point=SpaceEnv,
+            kwargs={"kind": _kind},
+            max_episode_steps=100,
+            reward_threshold=4.5,
+        )
     gym.register(
         "NoisyDQN/Cue-v0", entry_point=CueEnv, max_episode_steps=100, reward_threshold=4.5
     )

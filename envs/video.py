@@ -8,7 +8,9 @@ full-colour game, not the agent's 84x84 input). Needs the ``video`` extra.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -52,7 +54,9 @@ class EpisodeRecorder(RecordVideo):
         self._video_name = None
 
 
-def video_env(env_id: str, video_dir: str | Path) -> gym.Env:
+def video_env(
+    env_id: str, video_dir: str | Path, *, env_kwargs: Mapping[str, Any] | None = None
+) -> gym.Env:
     """``make_env(env_id)`` rendering ``rgb_array`` frames, every episode recorded as an mp4.
 
     A missing renderer or writer is a :class:`UserError` naming the ``video`` extra,
@@ -73,7 +77,7 @@ def video_env(env_id: str, video_dir: str | Path) -> gym.Env:
         # gymnasium raises DependencyNotInstalled (no pygame, ...) at make or at the first
         # render: render one frame now, before anything is written. Evaluation resets with
         # its own seeds afterwards, so this reset changes nothing.
-        env = make_env(env_id, render_mode="rgb_array")
+        env = make_env(env_id, render_mode="rgb_array", env_kwargs=env_kwargs)
         env.reset()
         env.render()
     except gym.error.DependencyNotInstalled as e:
@@ -81,7 +85,7 @@ def video_env(env_id: str, video_dir: str | Path) -> gym.Env:
             env.close()
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(
-            f"--video cannot render {env_id} ({reason}): install the video extra, "
+            f"--video cannot render {env_id}: {reason}; install the video extra: "
             'pip install -e ".[video]"'
         ) from None
     # ALE declares 30 fps, but one agent step is frame_skip frames of a 60 Hz console:

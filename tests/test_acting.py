@@ -18,7 +18,7 @@ from torch import nn
 
 from agent.acting import ActionSelector, capture_cuda_graph, make_act_fn
 from agent.networks import QNetwork
-from agent.noisy import noise_disabled, noisy_layers
+from agent.noisy import NoisyLinear, noise_disabled, noisy_layers
 
 N_ACTIONS = 3
 
@@ -734,3 +734,117 @@ def test_cuda_auto_follows_a_move_to_the_cpu() -> None:
     obs = observations((4,), 8, rng)
     np.testing.assert_array_equal(selector(obs), greedy(net, obs, "cuda"))
     assert selector.backend == "graph" and selector.captured
+
+
+# --------------------------------------------------------------------------- #
+# The numpy forward's contract with the module's forward                      #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("noisy", ["all", "last", "none"])
+@pytest.mark.parametrize("hidden", [(16,), (32, 16)])
+def test_numpy_forward_equals_qnetwork_forward(
+    hidden: tuple[int, ...], noisy: str, dueling: bool, dtype: torch.dtype
+) -> None:
+    """For every vector-input network QNetwork builds: same Q values, noise on and off."""
+    from agent.acting import NumpyForward
+
+    torch.manual_seed(0)
+    net = QNetwork((5,), 4, hidden, noisy_layers=noisy, dueling=dueling, dtype=dtype)
+    forward = NumpyForward.build(net, np.random.default_rng(0))
+    assert forward is not None
+    obs = observations((5,), 7, np.random.default_rng(1))
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    for _ in range(3):
+        forward.resample()  # writes the noise into the layers' buffers
+        with torch.no_grad():
+            noisy_q = net(torch.from_numpy(obs)).numpy()
+            with noise_disabled(net):
+                mean_q = net(torch.from_numpy(obs)).numpy()
+        np.testing.assert_allclose(forward.q_values(obs, noise=True), noisy_q, **tol)
+        np.testing.assert_allclose(forward.q_values(obs, noise=False), mean_q, **tol)
+
+
+class UserNoisyMLP(nn.Module):
+    """A network written the way users write them: attributes and a functional forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.obs_shape = (4,)
+        self.l1 = NoisyLinear(4, 64)
+        self.l2 = NoisyLinear(64, 64)
+        self.out = NoisyLinear(64, N_ACTIONS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.relu(self.l1(x))
+        h = torch.tanh(self.l2(h)) + h  # a residual, an elementwise activation
+        return self.out(h)
+
+
+USER_NETWORKS: dict[str, Callable[[], nn.Module]] = {
+    "functional_residual": UserNoisyMLP,
+    "sequential_activations": lambda: nn.Sequential(
+        NoisyLinear(4, 32),
+        nn.LeakyReLU(0.1),
+        nn.Linear(32, 32),
+        nn.ELU(),
+        nn.Linear(32, 32),
+        nn.SiLU(),
+        NoisyLinear(32, N_ACTIONS),
+        nn.Sigmoid(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(USER_NETWORKS))
+def test_users_own_noisy_modules_get_the_numpy_path_with_fresh_noise(name: str) -> None:
+    torch.manual_seed(0)
+    net = USER_NETWORKS[name]()
+    selector = ActionSelector(net, (4,), 8, "cpu")
+    rng = np.random.default_rng(0)
+    before = noise_snapshot(net)
+    for _ in range(5):
+        obs = observations((4,), 8, rng)
+        actions = selector(obs)
+        assert selector.backend == "numpy"
+        # Same actions as the module itself under the noise this step used.
+        np.testing.assert_array_equal(actions, greedy(net, obs))
+        after = noise_snapshot(net)
+        assert all_noise_changed(before, after)  # fresh noise every step
+        before = after
+
+
+def test_modules_with_ops_the_numpy_path_cannot_reproduce_act_eagerly() -> None:
+    class Sorted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1 = nn.Linear(4, N_ACTIONS)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sort(self.l1(x), dim=1).values  # not an op the numpy path knows
+
+    class Branching(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1 = nn.Linear(4, N_ACTIONS)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.l1(x)
+            return y if y.sum() > 0 else -y  # control flow on values: cannot be traced
+
+    for net in (Sorted(), Branching()):
+        selector = ActionSelector(net, (4,), 2, "cpu")
+        obs = observations((4,), 2, np.random.default_rng(0))
+        np.testing.assert_array_equal(selector(obs), greedy(net, obs))
+        assert selector.backend == "eager"
+
+
+@pytest.mark.gpu
+def test_cuda_capture_graph_false_acts_eagerly() -> None:
+    net = NETWORKS["noisy"]().cuda()
+    selector = ActionSelector(net, (4,), 2, "cuda", capture_graph=False)
+    obs = observations((4,), 2, np.random.default_rng(0))
+    selector(obs)
+    assert selector.backend == "eager" and not selector.captured

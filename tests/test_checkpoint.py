@@ -46,7 +46,7 @@ def test_failed_write_keeps_the_previous_checkpoint(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(ckpt.CheckpointWriteError, match="No space left on device"):
         ckpt.save_checkpoint(path, _payload(9.0))
     monkeypatch.undo()
     assert torch.equal(ckpt.load_checkpoint(path)["weights"], torch.full((3,), 1.0))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.config import CONFIG_DIR, Config, field_docs, load_config, parse_set
+from agent.config import CONFIG_DIR, Config, config_from_dict, field_docs, load_config, parse_set
 from agent.errors import UserError
 
 
@@ -134,3 +134,21 @@ def test_readme_documents_every_config_key() -> None:
     readme = (CONFIG_DIR.parent / "README.md").read_text()
     missing = [f.name for f in dataclasses.fields(Config) if f"| `{f.name}` |" not in readme]
     assert missing == [], f"README's configuration table lacks {missing}"
+
+
+def test_env_kwargs_is_a_checked_mapping(config_dir: Path) -> None:
+    cfg = load_config(
+        "Toy-v0", overrides=parse_set(["env_kwargs={goal_velocity: 0.02}"]), config_dir=config_dir
+    )
+    assert cfg.env_kwargs == {"goal_velocity": 0.02}
+    assert load_config("Toy-v0", config_dir=config_dir).env_kwargs == {}
+    for bad in ([1], "x", {1: 2}):
+        with pytest.raises(UserError, match="'env_kwargs' in --set must be a mapping"):
+            load_config("Toy-v0", overrides={"env_kwargs": bad}, config_dir=config_dir)
+    with pytest.raises(UserError, match="env_kwargs cannot set render_mode"):
+        load_config(
+            "Toy-v0", overrides={"env_kwargs": {"render_mode": "human"}}, config_dir=config_dir
+        )
+    # The saved config.yaml round-trips it.
+    saved = yaml.safe_load(yaml.safe_dump(cfg.to_dict()))
+    assert config_from_dict(saved, "config.yaml").env_kwargs == {"goal_velocity": 0.02}

@@ -207,3 +207,36 @@ def test_learning_does_not_import_torch_dynamo() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_parameters_without_a_gradient_are_left_alone_like_torch_adam(fused: bool) -> None:
+    # torch.optim.Adam skips a parameter whose .grad is None (set_to_none): no update, no
+    # moment decay, no step count. Ours must too, for a parameter the loss did not use
+    # and for one frozen with requires_grad_(False), also after it took part before.
+    ours, ref = _net(), _net()
+    opt = Adam(ours.parameters(), lr=1e-2, eps=1e-6, fused=fused)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-6)
+
+    def loss(net: nn.Module, step: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(16, 3, generator=g)
+        if step % 3 == 2:  # the output layer's bias takes no part in this loss
+            return (torch.nn.functional.linear(net[1](net[0](x)), net[2].weight) ** 2).sum()
+        return (net(x) ** 2).sum()
+
+    for step in range(12):
+        if step == 6:  # freeze the first layer's weight half-way
+            ours[0].weight.requires_grad_(False)
+            ref[0].weight.requires_grad_(False)
+        ref_opt.zero_grad(set_to_none=True)
+        loss(ref, step).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss(ours, step).backward()
+        opt.step()
+        for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    steps = _through_bytes(opt.state_dict())["steps"].tolist()
+    ref_steps = [int(ref_opt.state[p]["step"]) for p in ref.parameters()]
+    assert steps == ref_steps and steps[0] == 6 and steps[3] == 8

@@ -16,7 +16,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import run
-from agent.checkpoint import load_checkpoint, save_checkpoint
+from agent.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from agent.config import load_config
 from agent.train import train
 
@@ -253,7 +253,9 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
     [
         (["--env", "CartPol-v1"], "did you mean CartPole-v1"),
         (["--env", "Pendulum-v1"], "Discrete action space"),
-        (["--env", "Blackjack-v1"], "observation space"),
+        (["--env", "envs.testing:NoisyDQN/Text-v0"], "cannot be flattened"),
+        (["--env", "CartPole-v1", "--set", "env_kwargs={foo: 1}"], "env_kwargs key 'foo'"),
+        (["--env", "CartPole-v1", "--set", "env_kwargs=[1]"], "must be a mapping"),
         (["--env", "CartPole-v1", "--set", "lrr=0.1"], "unknown config key 'lrr'"),
         (["--env", "CartPole-v1", "--set", "lr=-1"], "lr must be > 0"),
         (["--env", "CartPole-v1", "--set", "batch_size=big"], "must be int"),
@@ -393,7 +395,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path: Path) -> None
 def test_atomic_checkpoint_survives_a_failed_save(tmp_path: Path, monkeypatch) -> None:
     path = save_checkpoint(tmp_path / "last.pt", {"x": torch.ones(1)})
     monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointWriteError, match="full"):
         save_checkpoint(path, {"x": torch.zeros(1)})
     monkeypatch.undo()
     assert torch.equal(load_checkpoint(path)["x"], torch.ones(1))
@@ -413,3 +415,92 @@ def test_cli_keeps_numpy_blas_single_threaded_unless_told_otherwise() -> None:
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert out.stdout.strip() == "3", out.stderr
+
+
+def test_final_score_is_a_fresh_evaluation_not_the_one_that_stopped_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The confirming evaluation that triggers an early stop is >= target by selection;
+    # the reported final score must come from episodes no earlier evaluation played.
+    import agent.train as train_module
+
+    calls: list[tuple[int, int, float]] = []  # (episodes, round, mean) of every evaluation
+    real = train_module.run_episodes
+
+    def spy(policy, envs, episodes, *, seed, round_index=0, **kw):  # type: ignore[no-untyped-def]
+        result = real(policy, envs, episodes, seed=seed, round_index=round_index, **kw)
+        calls.append((episodes, round_index, result.mean))
+        return result
+
+    monkeypatch.setattr(train_module, "run_episodes", spy)
+    cfg = load_config(
+        "envs.testing:NoisyDQN/Cue-v0",
+        overrides={**SHORT, "total_steps": 6_000, "early_stop": True, "eval_interval": 250,
+                   "eval_episodes": 10, "confirm_episodes": 20, "target_update_interval": 100,
+                   "n_step": 1, "gamma": 0.5},
+    )
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.status == "solved"
+    *earlier, final = calls
+    confirm = earlier[-1]
+    assert confirm[0] == 20 and confirm[2] >= 4.5  # the evaluation that stopped the run
+    assert final[0] == 20 and final[1] not in {r for _, r, _ in earlier}
+    assert result.final_eval_return == final[2]
+
+
+def test_epsilon_exploration_turns_the_noise_off_in_learning_too(tmp_path: Path) -> None:
+    # exploration=epsilon on a net with noisy layers: act and learn on the mean weights.
+    cfg = load_config(
+        "CartPole-v1",
+        overrides={**SHORT, "exploration": "epsilon", "noisy_layers": "all",
+                   "total_steps": 1_000, "eval_interval": 0},
+    )
+    train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    params = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["q_network"]
+    sigmas = {k: v for k, v in params.items() if "sigma" in k}
+    init = cfg.sigma0 / np.sqrt([4, 128, 128])  # sigma0 / sqrt(fan_in) of each layer
+    assert len(sigmas) == 6
+    for key, value in sigmas.items():  # never trained: noise played no part in the loss
+        layer = int(key.split(".")[1]) // 2
+        assert torch.allclose(value, torch.full_like(value, float(init[layer]))), key
+    assert not torch.allclose(params["head.0.weight_mu"], torch.zeros(1))
+
+
+def test_resume_without_the_buffer_waits_for_learning_starts_again(tmp_path: Path) -> None:
+    # save_buffer: false (the default): the buffer restarts empty, so learning restarts
+    # learning_starts steps after the resume instead of catching up on a few transitions.
+    first = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_200})
+    done = train(first, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert done.updates == (1_200 - 200) // 2 + 1
+    data = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert "replay" not in data
+    second = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 2_000})
+    resumed = train(second, tmp_path / "run", checkpoint=data, progress=False, echo=lambda _: None)
+    # Learning restarts at step 1,200 + 200: one update per 2 steps from there.
+    assert resumed.updates == done.updates + (2_000 - 1_400) // 2 + 1
+    counters = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["counters"]
+    assert counters["learning_starts"] == 1_400 and counters["updates_before"] == done.updates
+
+
+def test_best_checkpoint_holds_the_policy_only(tmp_path: Path) -> None:
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "save_buffer": True})
+    train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    best = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
+    last = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert "replay" in last and "learner" in last
+    assert not {"replay", "learner", "target_network", "rng", "envs"} & set(best)
+    assert set(best["q_network"]) == set(last["q_network"])
+    out = _run_cli("--env", "CartPole-v1", "--eval", str(tmp_path / "run" / "checkpoints" /
+                   "best.pt"), "--episodes", "2", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+
+
+def test_capture_graph_reaches_both_selectors() -> None:
+    from agent.train import build_agent
+    from envs import inspect_env
+
+    spec = inspect_env("CartPole-v1")
+    for flag in (True, False):
+        cfg = load_config("CartPole-v1", overrides={"capture_graph": flag, "device": "cpu"})
+        agent = build_agent(cfg, spec, torch.device("cpu"), eval_envs=2)
+        assert agent.selector.capture_graph is flag and agent.greedy.capture_graph is flag

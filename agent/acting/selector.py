@@ -1,339 +1,49 @@
 """Action selection: greedy actions of a (noisy) Q-network, one call per environment step.
 
 Acting runs once per environment step, so its fixed cost per call decides rollout
-speed. :class:`ActionSelector` picks the fastest correct path for where the network
-lives, and re-picks it when the network moves:
+speed. :class:`ActionSelector` picks the fastest correct backend for where the
+network lives, and re-picks it when the network moves. Each backend has a file:
 
-``"graph"`` (CUDA)
-    [resample noise -> Q forward -> argmax] is captured once as a CUDA graph. Each
-    call copies the observation into a static device buffer (from a pinned host
-    buffer, non-blocking), replays the graph and reads the actions back through a
-    pinned host buffer: one host synchronisation per step, nothing else. Noise is
-    drawn inside the graph (graph-safe Philox), so every replay gets fresh noise,
-    bit-identical to eager with the same generator state. The graph reads the
-    parameters by address, so optimizer steps and ``load_state_dict`` (in-place
-    copies) are seen without re-capture. If capture fails, the same orchestration
-    runs the function eagerly, after one warning that says why.
+``"graph"`` (CUDA; ``agent/acting/graph.py``)
+    [resample noise -> Q forward -> argmax] captured once as a CUDA graph, replayed
+    per step with one host synchronisation (the actions). If capture fails, the same
+    orchestration runs the function eagerly, after one warning that says why.
 
-``"numpy"`` (CPU, float32/float64 MLP heads, optionally dueling)
-    A numpy forward over zero-copy views of the parameters. ``param.detach().numpy()``
-    shares the parameter's storage, so every in-place optimizer step and
-    ``load_state_dict`` is seen with no copying. Noise is drawn with a numpy
-    generator and written into the layers' noise buffers (also views), so
-    ``q_network(obs)`` afterwards reproduces exactly the noise the action used.
-    Measured on a 2-core Xeon at batch 1 (4-64-64-2 noisy MLP): ~25 us per noisy
-    action, against ~115 us for an eager torch noisy forward and ~36 us for a plain
-    eager forward (see bench/acting.py and docs/benchmarks.md).
+``"numpy"`` (CPU, float32/float64; ``agent/acting/numpy_forward.py``)
+    A numpy program compiled from the network's forward (``torch.fx``) over zero-copy
+    views of the parameters: any module built from ``nn.Linear``, ``NoisyLinear`` and
+    elementwise activations, this project's ``QNetwork`` (MLP heads, dueling) and
+    users' own modules alike.
 
-``"eager"`` (anything else: CNN torsos, bfloat16, other devices)
-    The same function the graph captures, run under ``torch.inference_mode()``.
+``"eager"`` (anything else: CNN torsos, bfloat16, other devices, unsupported ops)
+    The function the graph captures, run under ``torch.inference_mode()``.
 
-Capture sits behind a small seam, ``graph = capture_fn(fn, static_inputs)`` with
-``graph.replay()`` and ``graph.output``, so that :func:`capture_eager` (a stand-in
-that re-runs ``fn`` over the same static buffers on replay) can test the graph
-orchestration on a machine without a GPU.
+Speeds of each are in docs/benchmarks.md (``bench/acting.py``).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from agent.noisy import NoisyLinear, noisy_layers
+from agent.acting.graph import (
+    CaptureFn,
+    CapturedGraph,
+    capture_cuda_graph,
+    capture_eager,
+    make_act_fn,
+)
+from agent.acting.numpy_forward import NumpyForward
+from agent.noisy import noisy_layers
 
-__all__ = [
-    "ActionSelector",
-    "CapturedGraph",
-    "capture_cuda_graph",
-    "capture_eager",
-    "make_act_fn",
-]
+__all__ = ["ActionSelector", "Backend"]
 
 Backend = Literal["auto", "graph", "numpy", "eager"]
-
-
-# --------------------------------------------------------------------------- #
-# The function that gets captured                                             #
-# --------------------------------------------------------------------------- #
-
-
-def make_act_fn(
-    q_network: nn.Module, *, resample: bool, noise: bool
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The action function: ``obs -> argmax_a Q(obs, a)`` as a device tensor of int64.
-
-    Args:
-        q_network: the online network (any module; its NoisyLinear layers are found by type).
-        resample: draw fresh noise into the layers' buffers (in place) before the forward.
-        noise: forward with noisy weights (True) or the mean weights only (False). The
-            layers' ``noise_enabled`` switches are set for the forward and restored after.
-
-    The function has no host synchronisation and no data-dependent control flow, and
-    creates every tensor on the device of its input and the parameters, so it can be
-    captured as a CUDA graph (and is tested for this on the CPU and on ``meta``).
-    """
-    layers = noisy_layers(q_network)
-
-    def act(obs: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            if resample:
-                for layer in layers:
-                    layer.reset_noise()
-            # The selector, not the layers' switches, decides noisy vs mean weights.
-            # Plain attribute writes (no context manager): this runs every step on CPU.
-            previous = [layer.noise_enabled for layer in layers]
-            for layer in layers:
-                layer.noise_enabled = noise
-            try:
-                return q_network(obs).argmax(dim=1)
-            finally:
-                for layer, was in zip(layers, previous, strict=True):
-                    layer.noise_enabled = was
-
-    return act
-
-
-# --------------------------------------------------------------------------- #
-# The capture seam                                                            #
-# --------------------------------------------------------------------------- #
-
-
-class CapturedGraph(Protocol):
-    """What a capture returns: ``replay()`` rewrites ``output`` from the static inputs."""
-
-    output: torch.Tensor
-
-    def replay(self) -> None: ...
-
-
-CaptureFn = Callable[[Callable[..., torch.Tensor], Sequence[torch.Tensor]], CapturedGraph]
-
-
-class _EagerReplay:
-    """Stand-in for a CUDA graph: ``replay()`` re-runs ``fn`` over the same static inputs.
-
-    Like a graph, it owns one static output tensor that every replay overwrites in
-    place; a caller that reads its input from anywhere but the static buffers, or keeps
-    a reference to ``output`` instead of copying it out, gets caught in tests.
-    """
-
-    def __init__(self, fn: Callable[..., torch.Tensor], static_inputs: Sequence[torch.Tensor]):
-        self._fn = fn
-        self._inputs = tuple(static_inputs)
-        # A real capture learns the output's shape by tracing fn once; so do we.
-        self.output = fn(*self._inputs)
-
-    def replay(self) -> None:
-        self.output.copy_(self._fn(*self._inputs))
-
-
-def capture_eager(
-    fn: Callable[..., torch.Tensor], static_inputs: Sequence[torch.Tensor]
-) -> CapturedGraph:
-    """Capture seam without a GPU: replays re-run ``fn`` eagerly (also the fallback on CUDA)."""
-    return _EagerReplay(fn, static_inputs)
-
-
-class _CudaGraph:
-    """``fn`` over static CUDA inputs, captured with ``torch.cuda.graph``."""
-
-    def __init__(
-        self,
-        fn: Callable[..., torch.Tensor],
-        static_inputs: Sequence[torch.Tensor],
-        warmup: int = 3,
-    ) -> None:
-        inputs = tuple(static_inputs)
-        device = inputs[0].device
-        with torch.cuda.device(device):
-            # Warm-up on a side stream (as the PyTorch docs prescribe): lazy
-            # initialisation (cuBLAS handles, workspaces) must not happen in capture.
-            current = torch.cuda.current_stream(device)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                for _ in range(warmup):
-                    fn(*inputs)
-            current.wait_stream(side)
-            self._graph = torch.cuda.CUDAGraph()
-            # torch.cuda.graph registers the default CUDA generator: random ops in
-            # the graph read seed/offset at replay, so each replay draws fresh noise.
-            with torch.cuda.graph(self._graph):
-                self.output = fn(*inputs)
-
-    def replay(self) -> None:
-        self._graph.replay()
-
-
-def capture_cuda_graph(
-    fn: Callable[..., torch.Tensor], static_inputs: Sequence[torch.Tensor]
-) -> CapturedGraph:
-    """Capture ``fn(*static_inputs)`` as a CUDA graph (raises if an op cannot be captured)."""
-    return _CudaGraph(fn, static_inputs)
-
-
-# --------------------------------------------------------------------------- #
-# The numpy forward (CPU fast path)                                           #
-# --------------------------------------------------------------------------- #
-
-
-class _NumpyLinear:
-    """One linear layer over zero-copy numpy views of a Linear or NoisyLinear."""
-
-    def __init__(self, layer: nn.Module, relu: bool) -> None:
-        self.relu = relu
-        self.noisy = isinstance(layer, NoisyLinear)
-        if self.noisy:
-            self.weight = layer.weight_mu.detach().numpy()
-            self.bias = layer.bias_mu.detach().numpy()
-            self.weight_sigma = layer.weight_sigma.detach().numpy()
-            self.bias_sigma = layer.bias_sigma.detach().numpy()
-            self.epsilon_in = layer.epsilon_in.detach().numpy()
-            self.epsilon_out = layer.epsilon_out.detach().numpy()
-            self.weight_epsilon = layer.weight_epsilon.detach().numpy()
-            self.bias_epsilon = layer.bias_epsilon.detach().numpy()
-            # Scratch for the noisy weight: reused, so no allocation per step.
-            self._noisy_weight = np.empty_like(self.weight)
-        else:
-            self.weight = layer.weight.detach().numpy()
-            self.bias = None if layer.bias is None else layer.bias.detach().numpy()
-
-    def __call__(self, x: np.ndarray, noise: bool) -> np.ndarray:
-        if self.noisy and noise:
-            # Same formula as NoisyLinear.forward: W = mu + sigma * eps (materialised:
-            # measured faster than the factorised form at these sizes).
-            weight = np.multiply(self.weight_sigma, self.weight_epsilon, out=self._noisy_weight)
-            weight += self.weight
-            y = x @ weight.T
-            bias = self.bias_sigma * self.bias_epsilon
-            bias += self.bias
-            y += bias
-        else:
-            y = x @ self.weight.T
-            if self.bias is not None:
-                y += self.bias
-        if self.relu:
-            np.maximum(y, 0, out=y)  # y is ours (fresh from the matmul)
-        return y
-
-
-_NUMPY_LAYERS = (nn.Linear, NoisyLinear)
-
-
-def _numpy_stream(seq: nn.Module) -> list[_NumpyLinear] | None:
-    """Layers of a Sequential of Linear/NoisyLinear/ReLU, or None if it has anything else."""
-    if type(seq) is not nn.Sequential:
-        return None
-    out: list[_NumpyLinear] = []
-    modules = list(seq)
-    for i, module in enumerate(modules):
-        if type(module) is nn.ReLU:
-            if i == 0 or type(modules[i - 1]) not in _NUMPY_LAYERS:
-                return None  # only a ReLU right after a linear layer is folded into it
-            continue
-        if type(module) not in _NUMPY_LAYERS:
-            return None
-        relu_next = i + 1 < len(modules) and type(modules[i + 1]) is nn.ReLU
-        out.append(_NumpyLinear(module, relu_next))
-    return out
-
-
-class _NumpyPolicy:
-    """A numpy forward of a QNetwork with an identity torso (MLP head, optionally dueling).
-
-    Built from views of the live parameters and buffers; ``None`` from :meth:`build`
-    when the network is not one this path reproduces exactly (CNN torso, other dtypes
-    or devices, subclassed forward, unknown layers).
-    """
-
-    def __init__(
-        self,
-        dtype: np.dtype,
-        head: list[_NumpyLinear],
-        value: list[_NumpyLinear] | None,
-        advantage: list[_NumpyLinear] | None,
-        noise_layers: list[_NumpyLinear],
-        rng: np.random.Generator,
-    ) -> None:
-        self.dtype = dtype
-        self.head, self.value, self.advantage = head, value, advantage
-        self.rng = rng
-        self.noise_layers = noise_layers
-        # All noise factors are drawn by one generator call into one buffer, then
-        # scattered into the layers' epsilon_in / epsilon_out views: one call instead
-        # of two per layer (measured ~12 us vs ~17 us for three layers).
-        sizes = [(len(lay.epsilon_in), len(lay.epsilon_out)) for lay in noise_layers]
-        total = sum(a + b for a, b in sizes)
-        self._draw = np.empty(total, dtype=dtype)
-        self._scratch = np.empty(total, dtype=dtype)
-        self._segments: list[tuple[int, int, int]] = []
-        start = 0
-        for n_in, n_out in sizes:
-            self._segments.append((start, start + n_in, start + n_in + n_out))
-            start += n_in + n_out
-
-    @classmethod
-    def build(cls, q_network: nn.Module, rng: np.random.Generator) -> _NumpyPolicy | None:
-        from agent.networks import QNetwork  # local: networks imports nothing from here
-
-        if not isinstance(q_network, QNetwork) or type(q_network).forward is not QNetwork.forward:
-            return None
-        if type(q_network.torso) is not nn.Identity:
-            return None
-        tensors = [*q_network.parameters(), *q_network.buffers()]
-        dtypes = {t.dtype for t in tensors}
-        if len(dtypes) != 1 or dtypes.pop() not in (torch.float32, torch.float64):
-            return None
-        if any(t.device.type != "cpu" for t in tensors):
-            return None
-        head = _numpy_stream(q_network.head)
-        value = advantage = None
-        if q_network.dueling:
-            value = _numpy_stream(q_network.value)
-            advantage = _numpy_stream(q_network.advantage)
-            if value is None or advantage is None:
-                return None
-        if head is None:
-            return None
-        layers = [*head, *(value or []), *(advantage or [])]
-        noise_layers = [layer for layer in layers if layer.noisy]
-        dtype = np.dtype(np.float32 if tensors[0].dtype == torch.float32 else np.float64)
-        return cls(dtype, head, value, advantage, noise_layers, rng)
-
-    def resample(self) -> None:
-        """Fresh factorised noise, f(x) = sgn(x) sqrt(|x|), written into the layers' buffers."""
-        if not self.noise_layers:
-            return
-        draw, scratch = self._draw, self._scratch
-        self.rng.standard_normal(out=draw, dtype=self.dtype)
-        np.sqrt(np.abs(draw, out=scratch), out=scratch)
-        np.copysign(scratch, draw, out=draw)
-        for layer, (a, b, c) in zip(self.noise_layers, self._segments, strict=True):
-            layer.epsilon_in[...] = draw[a:b]
-            layer.epsilon_out[...] = draw[b:c]
-            np.multiply.outer(layer.epsilon_out, layer.epsilon_in, out=layer.weight_epsilon)
-            layer.bias_epsilon[...] = layer.epsilon_out
-
-    def q_values(self, obs: np.ndarray, noise: bool) -> np.ndarray:
-        # QNetwork.forward converts the input to the parameters' dtype first; so do we.
-        x = np.asarray(obs, dtype=self.dtype)
-        for layer in self.head:
-            x = layer(x, noise)
-        if self.value is None or self.advantage is None:
-            return x
-        v = x
-        for layer in self.value:
-            v = layer(v, noise)
-        a = x
-        for layer in self.advantage:
-            a = layer(a, noise)
-        # Full Q (not argmax of A alone), so near-ties round exactly like the network.
-        return v + a - a.mean(axis=-1, keepdims=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -375,6 +85,8 @@ class ActionSelector:
         capture_fn: the capture seam, ``capture_fn(fn, static_inputs) -> graph`` with
             ``graph.replay()`` and ``graph.output``; given, it implies ``"graph"`` on any
             device (tests pass :func:`capture_eager` or a recording stand-in on the CPU).
+        capture_graph: with ``backend="auto"`` on CUDA, capture a CUDA graph (True) or
+            act eagerly (False: the switch for a GPU where capture misbehaves).
 
     Call ``selector(obs)`` with a numpy batch ``(num_envs, *obs_shape)`` in the env's
     dtype (float32 vectors, uint8 frames, ...) to get int64 actions ``(num_envs,)``.
@@ -396,6 +108,7 @@ class ActionSelector:
         seed: int | None = None,
         backend: Backend = "auto",
         capture_fn: CaptureFn | None = None,
+        capture_graph: bool = True,
     ) -> None:
         obs_shape = tuple(int(s) for s in obs_shape)
         if num_envs < 1:
@@ -419,6 +132,7 @@ class ActionSelector:
         self.noise_interval = int(noise_interval)
         self._backend_request: Backend = "graph" if capture_fn is not None else backend
         self._capture_fn = capture_fn
+        self.capture_graph = bool(capture_graph)
         self._probe_dict, self._probe_name = _first_parameter(q_network)
         if device is not None:
             device = torch.device(device)
@@ -534,21 +248,23 @@ class ActionSelector:
         if self._obs_dtype is None:
             self._obs_dtype = np.dtype(obs_dtype)
         self._graphs: dict[str, CapturedGraph] = {}
-        self._numpy: _NumpyPolicy | None = None
+        self._numpy: NumpyForward | None = None
         device = probe.device
         request = self._backend_request
 
         if request in ("auto", "numpy") and device.type == "cpu":
-            self._numpy = _NumpyPolicy.build(self.q_network, self._rng)
+            self._numpy = NumpyForward.build(self.q_network, self._rng)
             if self._numpy is not None:
                 self._backend = "numpy"
                 return
         if request == "numpy":
             raise ValueError(
-                "backend='numpy' needs a CPU float32/float64 QNetwork with an MLP head; "
-                "use backend='auto'"
+                "backend='numpy' needs a CPU float32/float64 network built from Linear, "
+                "NoisyLinear and elementwise activations; use backend='auto'"
             )
-        if request == "graph" or (request == "auto" and device.type == "cuda"):
+        if request == "graph" or (
+            request == "auto" and device.type == "cuda" and self.capture_graph
+        ):
             self._build_graph(device)
             self._backend = "graph"
             return

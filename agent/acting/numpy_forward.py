@@ -1,0 +1,360 @@
+"""The numpy backend: a CPU forward at batch 1 without PyTorch's per-op overhead.
+
+At the batch sizes of acting (one row per env), an eager torch forward is dominated
+by the fixed cost of each op, not by arithmetic; numpy's is several times smaller
+(docs/benchmarks.md). :class:`NumpyForward` compiles a module's ``forward`` into a
+short numpy program once, by tracing it with ``torch.fx``, and runs that program on
+zero-copy views of the live parameters (``param.detach().numpy()`` shares storage),
+so every in-place optimizer step and ``load_state_dict`` is seen with no copying.
+
+The contract with the module's own forward: for the same parameters and the same
+noise in the layers' buffers, the numpy Q-values equal ``module(obs)`` up to float
+rounding (the input is first cast to the parameters' dtype, as ``QNetwork.forward``
+does). Tests hold the two equal for every network ``QNetwork`` can build and for
+modules users write themselves. What compiles: any module whose traced forward uses
+only ``nn.Linear``, :class:`~agent.noisy.NoisyLinear`, elementwise activations
+(ReLU, LeakyReLU, Tanh, Sigmoid, ELU, SiLU, as modules, functions or methods),
+``Identity``/``Flatten`` on vectors, ``+ - * /``, ``mean`` over a dimension and a
+cast to the parameters' dtype, with float32 or float64 parameters on the CPU.
+Anything else (convolutions, control flow on values, other ops) makes
+:meth:`NumpyForward.build` return ``None``, and the selector acts eagerly instead.
+
+Noise: :meth:`NumpyForward.resample` draws fresh factorised noise with a numpy
+generator and writes it into the layers' noise buffers (also views), so
+``module(obs)`` afterwards reproduces exactly the noise the action used.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from agent.noisy import NoisyLinear
+
+__all__ = ["NumpyForward"]
+
+
+class _NumpyLinear:
+    """One linear layer over zero-copy numpy views of a Linear or NoisyLinear."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.noisy = isinstance(layer, NoisyLinear)
+        if self.noisy:
+            self.weight = layer.weight_mu.detach().numpy()
+            self.bias = layer.bias_mu.detach().numpy()
+            self.weight_sigma = layer.weight_sigma.detach().numpy()
+            self.bias_sigma = layer.bias_sigma.detach().numpy()
+            self.epsilon_in = layer.epsilon_in.detach().numpy()
+            self.epsilon_out = layer.epsilon_out.detach().numpy()
+            self.weight_epsilon = layer.weight_epsilon.detach().numpy()
+            self.bias_epsilon = layer.bias_epsilon.detach().numpy()
+            # Scratch for the noisy weight: reused, so no allocation per step.
+            self._noisy_weight = np.empty_like(self.weight)
+        else:
+            self.weight = layer.weight.detach().numpy()
+            self.bias = None if layer.bias is None else layer.bias.detach().numpy()
+
+    def __call__(self, x: np.ndarray, noise: bool) -> np.ndarray:
+        if self.noisy and noise:
+            # NoisyLinear.forward's formula, W = mu + sigma * eps, materialised: at acting
+            # sizes that is fewer numpy calls than the factorised form.
+            weight = np.multiply(self.weight_sigma, self.weight_epsilon, out=self._noisy_weight)
+            weight += self.weight
+            y = x @ weight.T
+            bias = self.bias_sigma * self.bias_epsilon
+            bias += self.bias
+            y += bias
+            return y
+        y = x @ self.weight.T
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+def _relu_(x: np.ndarray) -> np.ndarray:
+    """In place, for an input that nothing else reads (fresh from a linear layer)."""
+    return np.maximum(x, 0, out=x)
+
+
+def _leaky_relu(x: np.ndarray, negative_slope: float = 0.01) -> np.ndarray:
+    return np.where(x > 0, x, x * negative_slope)
+
+
+def _elu(x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x * _sigmoid(x)
+
+
+def _mean(x: np.ndarray, dim: int, keepdim: bool = False) -> np.ndarray:
+    return x.mean(axis=dim, keepdims=keepdim)
+
+
+# Elementwise activations as modules (with the constructor arguments that matter) ...
+_MODULES: dict[type, Callable[[nn.Module], Callable[..., np.ndarray]]] = {
+    nn.ReLU: lambda m: _relu,
+    nn.Tanh: lambda m: np.tanh,
+    nn.Sigmoid: lambda m: _sigmoid,
+    nn.SiLU: lambda m: _silu,
+    nn.LeakyReLU: lambda m: lambda x: _leaky_relu(x, m.negative_slope),
+    nn.ELU: lambda m: lambda x: _elu(x, m.alpha),
+    nn.Identity: lambda m: lambda x: x,
+}
+# ... as functions ...
+_FUNCTIONS: dict[Any, Callable[..., np.ndarray]] = {
+    F.relu: _relu,
+    torch.relu: _relu,
+    torch.tanh: np.tanh,
+    F.tanh: np.tanh,
+    torch.sigmoid: _sigmoid,
+    F.sigmoid: _sigmoid,
+    F.silu: _silu,
+    F.leaky_relu: _leaky_relu,
+    F.elu: _elu,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.truediv: operator.truediv,
+    operator.neg: operator.neg,
+    torch.add: operator.add,
+    torch.sub: operator.sub,
+    torch.mul: operator.mul,
+}
+# ... and as tensor methods.
+_METHODS: dict[str, Callable[..., np.ndarray]] = {
+    "relu": _relu,
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "mean": _mean,
+}
+
+
+class _Unsupported(Exception):
+    """A node this backend does not reproduce exactly."""
+
+
+class _Tracer(fx.Tracer):
+    """Keeps linear layers and supported activations as single nodes (leaves)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return type(m) in (nn.Linear, NoisyLinear, *_MODULES) or super().is_leaf_module(
+            m, module_qualified_name
+        )
+
+
+class NumpyForward:
+    """Q-values of a module as a numpy program over views of its live parameters.
+
+    Build it with :meth:`build` (``None`` when the module cannot be reproduced), then
+    :meth:`q_values` per step and :meth:`resample` whenever fresh noise is due.
+    """
+
+    def __init__(
+        self,
+        dtype: np.dtype,
+        program: list[tuple[int, Callable[[list[Any], bool], np.ndarray]]],
+        output: int,
+        noisy: list[_NumpyLinear],
+        rng: np.random.Generator,
+    ) -> None:
+        self.dtype = dtype
+        self._program = program
+        self._output = output
+        self._slots: list[Any] = [None] * (len(program) + 1)
+        self.noise_layers = noisy
+        self.rng = rng
+        # All noise factors are drawn by one generator call into one buffer, then
+        # scattered into the layers' epsilon_in / epsilon_out views.
+        sizes = [(len(lay.epsilon_in), len(lay.epsilon_out)) for lay in noisy]
+        total = sum(a + b for a, b in sizes)
+        self._draw = np.empty(total, dtype=dtype)
+        self._scratch = np.empty(total, dtype=dtype)
+        self._segments: list[tuple[int, int, int]] = []
+        start = 0
+        for n_in, n_out in sizes:
+            self._segments.append((start, start + n_in, start + n_in + n_out))
+            start += n_in + n_out
+
+    @classmethod
+    def build(cls, module: nn.Module, rng: np.random.Generator) -> NumpyForward | None:
+        """Trace and compile ``module``; ``None`` if any part is outside what compiles."""
+        tensors = [*module.parameters(), *module.buffers()]
+        dtypes = {t.dtype for t in tensors}
+        if not tensors or len(dtypes) != 1 or next(iter(dtypes)) not in (
+            torch.float32,
+            torch.float64,
+        ):
+            return None
+        if any(t.device.type != "cpu" for t in tensors):
+            return None
+        dtype = np.dtype(np.float32 if tensors[0].dtype == torch.float32 else np.float64)
+        try:
+            graph = _Tracer().trace(module)
+            return cls._compile(module, graph, dtype, rng)
+        except Exception:  # a trace error, an unsupported node: the eager path reproduces it
+            return None
+
+    @classmethod
+    def _compile(
+        cls, module: nn.Module, graph: fx.Graph, dtype: np.dtype, rng: np.random.Generator
+    ) -> NumpyForward:
+        slot: dict[fx.Node, int] = {}
+        program: list[tuple[int, Callable[[list[Any], bool], np.ndarray]]] = []
+        linears: dict[str, _NumpyLinear] = {}
+        output: int | None = None
+
+        def ref(arg: Any) -> Any:
+            if isinstance(arg, fx.Node):
+                return slot[arg]
+            if isinstance(arg, (int, float, bool)):
+                return _Const(arg)
+            raise _Unsupported(f"argument {arg!r}")
+
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                if slot:
+                    raise _Unsupported("more than one input")
+                slot[node] = 0
+                continue
+            if node.op == "output":
+                output = slot[node.args[0]] if isinstance(node.args[0], fx.Node) else None
+                if output is None:
+                    raise _Unsupported("output is not one tensor")
+                continue
+            kwargs = dict(node.kwargs)
+            args = list(node.args)
+            linear = False  # linear layers also take the noise switch
+            identity = False
+            cast: np.dtype | None = None
+            if node.op == "call_module":
+                sub = module.get_submodule(node.target)
+                identity = type(sub) is nn.Identity
+                if type(sub) in (nn.Linear, NoisyLinear):
+                    layer = linears.setdefault(node.target, _NumpyLinear(sub))
+                    fn: Callable[..., np.ndarray] = layer
+                    linear = True
+                elif type(sub) in _MODULES:
+                    fn = _MODULES[type(sub)](sub)
+                elif type(sub) is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1:
+                    fn = _flatten
+                else:
+                    raise _Unsupported(f"module {type(sub).__name__}")
+            elif node.op == "call_function" and node.target in _FUNCTIONS:
+                fn = _FUNCTIONS[node.target]
+                kwargs.pop("inplace", None)
+            elif node.op == "call_method" and node.target in _METHODS:
+                fn = _METHODS[node.target]
+            elif node.op == "call_method" and node.target in ("to", "float", "double"):
+                target = {"float": torch.float32, "double": torch.float64}.get(node.target)
+                if node.target == "to":
+                    target = kwargs.pop("dtype", None) or (args.pop(1) if len(args) > 1 else None)
+                    if kwargs or len(args) != 1:
+                        raise _Unsupported(f"to({node.args}, {node.kwargs})")
+                if target not in (torch.float32, torch.float64):
+                    raise _Unsupported(f"cast to {target}")
+                cast = np.dtype(np.float32 if target == torch.float32 else np.float64)
+                fn = _caster(cast)
+            else:
+                raise _Unsupported(f"{node.op} {node.target}")
+            if identity or (cast is not None and cast == dtype):
+                # Nothing to compute: the input is already in the parameters' dtype, and
+                # every op keeps it. The node reads the same slot as its argument.
+                slot[node] = slot[args[0]]
+                continue
+            if fn is _relu and _owned_once(args[0]):
+                fn = _relu_
+            if any(isinstance(v, fx.Node) for v in kwargs.values()):
+                raise _Unsupported("tensor keyword argument")
+            slot[node] = len(program) + 1  # slot 0 is the input
+            program.append((slot[node], _step(_bind(fn, kwargs), [ref(a) for a in args], linear)))
+        if output is None:
+            raise _Unsupported("no output")
+        noisy_layers = [layer for layer in linears.values() if layer.noisy]
+        return cls(dtype, program, output, noisy_layers, rng)
+
+    def resample(self) -> None:
+        """Fresh factorised noise, f(x) = sgn(x) sqrt(|x|), written into the layers' buffers."""
+        if not self.noise_layers:
+            return
+        draw, scratch = self._draw, self._scratch
+        self.rng.standard_normal(out=draw, dtype=self.dtype)
+        np.sqrt(np.abs(draw, out=scratch), out=scratch)
+        np.copysign(scratch, draw, out=draw)
+        for layer, (a, b, c) in zip(self.noise_layers, self._segments, strict=True):
+            layer.epsilon_in[...] = draw[a:b]
+            layer.epsilon_out[...] = draw[b:c]
+            np.multiply.outer(layer.epsilon_out, layer.epsilon_in, out=layer.weight_epsilon)
+            layer.bias_epsilon[...] = layer.epsilon_out
+
+    def q_values(self, obs: np.ndarray, noise: bool) -> np.ndarray:
+        """The module's output for ``obs``: noisy weights where ``noise``, else the means."""
+        slots = self._slots
+        # The parameters' dtype throughout, as QNetwork.forward casts its input.
+        slots[0] = np.asarray(obs, dtype=self.dtype)
+        for out, run in self._program:
+            slots[out] = run(slots, noise)
+        return slots[self._output]
+
+
+class _Const:
+    """A constant argument of a traced call (a Python number)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _step(
+    fn: Callable[..., np.ndarray], refs: list[Any], linear: bool
+) -> Callable[[list[Any], bool], np.ndarray]:
+    """One node as ``run(slots, noise) -> value``, specialised for the common shapes."""
+    if linear:
+        (a,) = refs
+        return lambda slots, noise: fn(slots[a], noise)
+    if len(refs) == 1 and type(refs[0]) is not _Const:
+        (a,) = refs
+        return lambda slots, noise: fn(slots[a])
+    if len(refs) == 2 and not any(type(r) is _Const for r in refs):
+        a, b = refs
+        return lambda slots, noise: fn(slots[a], slots[b])
+    return lambda slots, noise: fn(*[r.value if type(r) is _Const else slots[r] for r in refs])
+
+
+def _bind(fn: Callable[..., np.ndarray], kwargs: dict[str, Any]) -> Callable[..., np.ndarray]:
+    if not kwargs:
+        return fn
+    return lambda *args: fn(*args, **kwargs)
+
+
+def _caster(dtype: np.dtype) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: np.asarray(x, dtype=dtype)
+
+
+def _owned_once(arg: Any) -> bool:
+    """True for a computed value (not the input) that only one node reads."""
+    return isinstance(arg, fx.Node) and arg.op != "placeholder" and len(arg.users) == 1
+
+
+def _flatten(x: np.ndarray) -> np.ndarray:
+    return x.reshape(x.shape[0], -1)

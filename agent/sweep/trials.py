@@ -1,0 +1,148 @@
+"""The trials of a sweep: every grid point x seed, the manifest, and each trial's state on disk.
+
+A sweep directory holds ``sweep.json`` (the manifest: every trial and its resolved config,
+written before anything runs) and one ordinary run directory per trial
+(``<configuration>/seed_<n>/``). Whether a trial still needs work is read back from its
+run directory, never kept in memory, so ``--resume`` after any stop sees the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import UserError
+
+__all__ = [
+    "DONE",
+    "MANIFEST",
+    "Trial",
+    "build_trials",
+    "is_sweep_dir",
+    "read_manifest",
+    "read_result",
+    "trial_state",
+    "write_manifest",
+]
+
+MANIFEST = "sweep.json"
+DONE = ("finished", "solved")  # result.json statuses of a trial that needs no more work
+
+
+def _fmt(value: Any) -> str:
+    """Compact display of a config value: ``[64,64]``, ``true``, ``null``, ``0.1``."""
+    return json.dumps(value, separators=(",", ":")) if not isinstance(value, str) else value
+
+
+def _dir_part(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", _fmt(value)).strip("-") or "x"
+
+
+@dataclass
+class Trial:
+    """One (grid point, seed): its resolved config and its run directory inside the sweep."""
+
+    name: str
+    """``"sigma0=0.1 n_step=3 seed=2"``: unique within the sweep."""
+    label: str
+    """The grid point, ``"sigma0=0.1 n_step=3"`` (``"base"`` without --grid)."""
+    params: dict[str, Any]
+    seed: int
+    run_dir: str
+    """Relative to the sweep directory."""
+    config: dict[str, Any] = field(repr=False)
+
+
+def build_trials(
+    env_id: str,
+    config_file: str | None,
+    overrides: dict[str, Any],
+    seeds: list[int],
+    grid: dict[str, list[Any]],
+) -> list[Trial]:
+    """Every grid point x seed, each config resolved and validated now (before Ray starts)."""
+    import itertools
+
+    from agent.config import load_config
+
+    keys = list(grid)
+    points = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+    trials: list[Trial] = []
+    dirs: set[str] = set()
+    for point in points:
+        label = " ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "base"
+        base_dir = "_".join(f"{k}={_dir_part(v)}" for k, v in point.items())
+        cfg_dir = base_dir
+        n = 2
+        while cfg_dir in dirs:  # two values that differ only in odd characters
+            cfg_dir, n = f"{base_dir}_{n}", n + 1
+        dirs.add(cfg_dir)
+        for seed in seeds:
+            values = {**overrides, **point, "seed": seed}
+            try:
+                cfg = load_config(env_id, config_file, values)
+            except UserError as e:
+                where = f"grid point {label}" if point else "the sweep's config"
+                raise UserError(f"{where}: {e}") from None
+            run_dir = f"{cfg_dir}/seed_{seed}" if cfg_dir else f"seed_{seed}"
+            trials.append(
+                Trial(
+                    name=f"{label} seed={seed}" if point else f"seed={seed}",
+                    label=label,
+                    params=point,
+                    seed=seed,
+                    run_dir=run_dir,
+                    config=cfg.to_dict(),
+                )
+            )
+    return trials
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    """True when ``path`` holds a sweep manifest (run.py's --resume tells sweeps from runs)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def write_manifest(sweep_dir: Path, manifest: dict[str, Any]) -> None:
+    """Write ``sweep.json`` atomically: a crash leaves the old manifest or the new, never half."""
+    tmp = sweep_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, sweep_dir / MANIFEST)
+
+
+def read_manifest(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
+    """The manifest and its trials; a one-line UserError when it is not one."""
+    try:
+        manifest = json.loads((sweep_dir / MANIFEST).read_text())
+        trials = [Trial(**t) for t in manifest["trials"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"{sweep_dir / MANIFEST} is unreadable or not a sweep manifest ({e}): "
+            "start a new sweep with another --run-dir"
+        ) from None
+    return manifest, trials
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's ``result.json`` (written by train() when it returns), or None."""
+    try:
+        return json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def trial_state(sweep_dir: Path, trial: Trial) -> str:
+    """``done``, ``failed``, ``interrupted`` (a checkpoint to continue from) or ``missing``."""
+    run_dir = sweep_dir / trial.run_dir
+    result = read_result(run_dir)
+    if result is not None and result.get("status") in DONE:
+        return "done"
+    if (run_dir / "error.txt").exists():
+        return "failed"
+    if (run_dir / "checkpoints" / "last.pt").exists():
+        return "interrupted"
+    return "missing"

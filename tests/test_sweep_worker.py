@@ -1,0 +1,28 @@
+"""agent/sweep/worker.py: one trial as a Ray worker runs it (called directly: no Ray needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sweep_helpers import SHORT
+
+import run
+from agent.sweep.cli import _trials_from_args
+from agent.sweep.worker import run_trial, unpack
+
+
+def test_remote_trial_ships_its_run_directory(tmp_path: Path) -> None:
+    """A worker that does not see the sweep directory trains in a temp dir and returns it."""
+    args = run.build_parser().parse_args(["--env", "CartPole-v1", "--seeds", "1", *SHORT])
+    args.set = [*args.set, "total_steps=600", "eval_interval=300", "checkpoint_interval=300"]
+    args.total_steps = None
+    (trial,), _ = _trials_from_args(args)
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep_id": "driver"}))
+    out = run_trial(trial.__dict__, str(tmp_path), "another-sweep-id")
+    assert out["status"] == "finished" and out["archive"]
+    assert not (tmp_path / trial.run_dir).exists()  # nothing written on "this" machine
+    unpack(out["archive"], tmp_path / trial.run_dir)
+    result = json.loads((tmp_path / trial.run_dir / "result.json").read_text())
+    assert result["final_eval_return"] == out["final_eval_return"]
+    assert (tmp_path / trial.run_dir / "checkpoints" / "last.pt").exists()
