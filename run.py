@@ -2,6 +2,7 @@
 
     python run.py --env CartPole-v1                       train with configs/ defaults
     python run.py --env CartPole-v1 --eval RUN/checkpoints/best.pt
+    python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
     python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep/)
 
@@ -107,6 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--video", metavar="DIR", help="record mp4 files here (needs the video extra)")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the results")
+    ex = p.add_argument_group('export (onnx needs the export extra: pip install -e ".[export]")')
+    ex.add_argument(
+        "--export",
+        metavar="CHECKPOINT",
+        help="write the noise-free greedy policy of a .pt file as ONNX or torch.export, verified",
+    )
+    ex.add_argument(
+        "--format",
+        choices=["onnx", "torch"],  # agent.export.FORMATS (not imported: it imports torch)
+        help="onnx (default; or from --out's suffix) or torch (torch.export, .pt2)",
+    )
+    ex.add_argument("--out", metavar="FILE", help="default: beside the checkpoint, e.g. best.onnx")
     return p
 
 
@@ -223,14 +236,13 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import gymnasium as gym
     import torch
 
     from agent.acting import ActionSelector
     from agent.checkpoint import check_compatible, load_checkpoint
     from agent.config import config_from_dict
     from agent.evaluate import run_episodes
-    from agent.train import build_q_network, resolve_device
+    from agent.train import resolve_device
     from envs import inspect_env, make_env
 
     if not args.env:
@@ -245,35 +257,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_compatible(data, args.env, spec.obs_shape, spec.n_actions)
     device = resolve_device(args.device or "auto")
     torch.set_num_threads(1)
-    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
-    q_network.load_state_dict(data["q_network"])
+    q_network = _q_network_from(data, cfg, spec, device)
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
-    copies = 1 if args.video else min(args.episodes, 10)
-    envs = [
-        make_env(args.env, render_mode="rgb_array" if args.video else None, env_kwargs=env_kwargs)
-        for _ in range(copies)
-    ]
     if args.video:
-        try:
-            import moviepy  # noqa: F401  (RecordVideo needs it)
-        except ImportError:
-            _user_error('--video needs the video extra: pip install -e ".[video]"')
-        from gymnasium.wrappers import RecordVideo
+        from envs.video import video_env
 
-        envs = [
-            RecordVideo(envs[0], args.video, episode_trigger=lambda _: True, disable_logger=True)
-        ]
+        envs = [video_env(args.env, args.video, env_kwargs=env_kwargs)]
+    else:
+        envs = [make_env(args.env, env_kwargs=env_kwargs) for _ in range(min(args.episodes, 10))]
     seed = cfg.seed if args.seed is None else args.seed
     torch.manual_seed(seed)
     selector = ActionSelector(
         q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
     )
-    try:
-        result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
-    except gym.error.DependencyNotInstalled as e:  # rendering needs what training did not
-        _user_error(f"--video cannot render {args.env}: {e}")
+    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
     for env in envs:
-        env.close()
+        env.close()  # with --video, writes the last video
     print(
         f"{args.env}: mean return {result.mean:.2f} +/- {result.std:.2f} over {args.episodes} "
         f"episodes (noise {args.noise}, checkpoint {args.eval})"
@@ -300,6 +299,56 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from agent.checkpoint import check_compatible, load_checkpoint
+    from agent.config import config_from_dict
+    from agent.export import FORMATS, ExportMismatch, require_format, write_verified
+    from envs import inspect_env, make_env
+
+    checkpoint = Path(args.export)
+    if checkpoint.is_dir():  # a run directory: its last.pt, as load_checkpoint reads it
+        checkpoint = checkpoint / "checkpoints" / "last.pt"
+    suffixes = {suffix: name for name, suffix in FORMATS.items()}
+    fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
+    require_format(fmt)  # a missing extra is reported before anything runs
+    out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
+    data = load_checkpoint(checkpoint)
+    cfg = config_from_dict(dict(data["config"]), str(checkpoint))
+    env_id = args.env or data["env_id"]
+    # As for --eval: the training env's options apply on the training env id.
+    env_kwargs = cfg.env_kwargs if env_id == data["env_id"] else {}
+    spec = inspect_env(env_id, env_kwargs)
+    check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
+    torch.set_num_threads(1)  # batch-1 forwards while playing the env: one thread is fastest
+    q_network = _q_network_from(data, cfg, spec, "cpu")
+    env = make_env(env_id, env_kwargs=env_kwargs)
+    try:
+        result = write_verified(q_network, env, out, fmt, obs_dtype=data["obs_dtype"])
+    except ExportMismatch as e:
+        # Not the user's mistake: the exporter or runtime computes another policy.
+        print(
+            f"error: the exported model does not match {checkpoint}: {e}; nothing written "
+            "(please report this)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    finally:
+        env.close()
+    print(f"wrote {out} ({fmt}), checked against {checkpoint} on {env_id}: {result.summary()}")
+    return 0
+
+
+def _q_network_from(data: dict[str, Any], cfg: Any, spec: Any, device: Any) -> Any:
+    """The checkpoint's online network (``cfg``: its config), on ``device``."""
+    from agent.train import build_q_network
+
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
+    q_network.load_state_dict(data["q_network"])
+    return q_network
+
+
 def _user_error(message: str) -> NoReturn:
     from agent.errors import UserError
 
@@ -324,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list_config:
             return list_config()
+        if args.export:
+            return cmd_export(args)
         if _is_sweep(args):
             from agent.sweep import cmd_sweep
 

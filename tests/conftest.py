@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -72,3 +75,29 @@ class OpRecorder(TorchDispatchMode):
 @pytest.fixture
 def op_recorder() -> type[OpRecorder]:
     return OpRecorder
+
+
+# A checkpoint in seconds: a short CartPole-sized run, no periodic evaluation, one final
+# evaluation episode. For tests that need a real checkpoint file, not a learned policy.
+TINY_RUN = {
+    "learning_starts": 200,
+    "train_freq": 2,
+    "buffer_size": 2_000,
+    "eval_interval": 0,
+    "eval_episodes": 1,
+    "confirm_episodes": 1,
+    "early_stop": False,
+    "checkpoint_interval": 100_000,
+    "device": "cpu",
+}
+
+
+def train_checkpoint(run_dir: Path, env_id: str, total_steps: int, **overrides: Any) -> Path:
+    """Train ``env_id`` for ``total_steps`` with :data:`TINY_RUN`; the path of its last.pt."""
+    from agent.config import load_config
+    from agent.train import train
+
+    settings = {**TINY_RUN, "total_steps": total_steps, **overrides}
+    settings["learning_starts"] = min(total_steps, settings["learning_starts"])
+    train(load_config(env_id, overrides=settings), run_dir, progress=False, echo=lambda _: None)
+    return Path(run_dir) / "checkpoints" / "last.pt"

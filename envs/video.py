@@ -1,0 +1,102 @@
+"""Record episodes as mp4 files: gymnasium's ``RecordVideo`` over ``make_env``, exact frames.
+
+The env is built by :func:`envs.make_env`, as for training and evaluation, with
+``render_mode="rgb_array"``: the video shows the env's own screen (for Atari the
+full-colour game, not the agent's 84x84 input). Needs the ``video`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.wrappers import RecordVideo
+
+from agent.errors import UserError
+from envs.make import ATARI_FRAME_SKIP, is_atari, make_env
+
+__all__ = ["EpisodeRecorder", "video_env"]
+
+
+class EpisodeRecorder(RecordVideo):
+    """``RecordVideo`` that hands its frames to ffmpeg itself (imageio-ffmpeg).
+
+    gymnasium writes through moviepy's ``ImageSequenceClip``, which (moviepy 2.2) loses
+    the last frame of some episodes: its duration is a float sum of n times 1/fps, and
+    ``int(duration * fps)`` frames are written, n - 1 for n = 11 to 14, 279 or 501 at
+    50 fps (a test here counts the decoded frames). It also finds each frame by a
+    linear scan over all of them, quadratic in the episode's length. Here every
+    captured frame is written, once, in order. Triggers and capture stay gymnasium's.
+    """
+
+    def stop_recording(self) -> None:
+        import imageio_ffmpeg
+
+        if self.recorded_frames:
+            height, width = self.recorded_frames[0].shape[:2]
+            writer = imageio_ffmpeg.write_frames(
+                os.path.join(self.video_folder, f"{self._video_name}.mp4"),
+                (width, height),
+                fps=self.frames_per_sec,
+                macro_block_size=2,  # H.264 in yuv420p needs even sizes; others stay as they are
+                ffmpeg_log_level="error",
+            )
+            writer.send(None)  # start ffmpeg
+            for frame in self.recorded_frames:
+                writer.send(np.ascontiguousarray(frame))
+            writer.close()
+        self.recorded_frames = []
+        self.recording = False
+        self._video_name = None
+
+
+def video_env(
+    env_id: str, video_dir: str | Path, *, env_kwargs: Mapping[str, Any] | None = None
+) -> gym.Env:
+    """``make_env(env_id)`` rendering ``rgb_array`` frames, every episode recorded as an mp4.
+
+    A missing renderer or writer is a :class:`UserError` naming the ``video`` extra,
+    raised before anything is written.
+    """
+    try:
+        import imageio_ffmpeg  # noqa: F401  (writes the files)
+        import moviepy  # noqa: F401  (RecordVideo insists on it)
+    except ImportError as e:
+        raise UserError(
+            f'--video needs the video extra ({e.name} is missing): pip install -e ".[video]"'
+        ) from None
+    # rgb_array frames are drawn off-screen: no window, so no display. Without this, SDL
+    # (pygame) on a headless machine prints "error: XDG_RUNTIME_DIR is invalid ...".
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    env = None
+    try:
+        # gymnasium raises DependencyNotInstalled (no pygame, ...) at make or at the first
+        # render: render one frame now, before anything is written. Evaluation resets with
+        # its own seeds afterwards, so this reset changes nothing.
+        env = make_env(env_id, render_mode="rgb_array", env_kwargs=env_kwargs)
+        env.reset()
+        env.render()
+    except gym.error.DependencyNotInstalled as e:
+        if env is not None:
+            env.close()
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(
+            f"--video cannot render {env_id}: {reason}; install the video extra: "
+            'pip install -e ".[video]"'
+        ) from None
+    # ALE declares 30 fps, but one agent step is frame_skip frames of a 60 Hz console:
+    # real time is 60 / frame_skip frames per second.
+    fps = 60 // ATARI_FRAME_SKIP if is_atari(env_id) else None
+    try:
+        return EpisodeRecorder(
+            env, str(video_dir), episode_trigger=lambda _: True, fps=fps, disable_logger=True
+        )
+    except OSError as e:
+        env.close()
+        raise UserError(
+            f"cannot write videos to {video_dir} ({e.strerror or e}): pass another --video DIR"
+        ) from None
