@@ -205,3 +205,39 @@ def test_cuda_moved_layer_draws_noise_on_cuda() -> None:
     layer.reset_noise()
     assert torch.linalg.matrix_rank(layer.weight_epsilon.double()) == 1
     assert layer.weight_epsilon.device.type == "cuda"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_factorised_forward_of_a_few_rows_is_the_same_function(
+    rows: int, dtype: torch.dtype
+) -> None:
+    # A large layer and a few rows take the factorised form (no noisy weight matrix):
+    # same values and the same gradients as the materialised formula, in any dtype, on
+    # meta, with no host sync.
+    from agent.noisy import FACTORISED_MAX_ROWS, FACTORISED_MIN_WEIGHTS
+
+    torch.manual_seed(0)
+    layer = NoisyLinear(512, 256, dtype=dtype)
+    assert layer.weight_mu.numel() >= FACTORISED_MIN_WEIGHTS
+    factorised = rows <= FACTORISED_MAX_ROWS
+    x = torch.randn(rows, 512, dtype=dtype)
+    with OpRecorder() as rec:
+        y = layer(x)
+    matmuls = sum(op in ("aten.mm", "aten.addmm") for op in rec.ops)
+    assert matmuls == (2 if factorised else 1)  # factorised: mean and noise, no noisy matrix
+    assert rec.syncing_ops() == set()
+    w = layer.weight_mu + layer.weight_sigma * torch.outer(layer.epsilon_out, layer.epsilon_in)
+    b = layer.bias_mu + layer.bias_sigma * layer.epsilon_out
+    expected = x @ w.T + b
+    tol = {} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(y, expected, **tol)
+    # The reference is built from the parameters too, so autograd gives its gradients.
+    params = list(layer.parameters())
+    grads = torch.autograd.grad(y.square().sum(), params)
+    ref_grads = torch.autograd.grad(expected.square().sum(), params)
+    grad_tol = {} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **grad_tol)
+    meta = NoisyLinear(512, 256, device="meta")
+    assert meta(torch.empty(rows, 512, device="meta")).device.type == "meta"
