@@ -63,9 +63,10 @@ class Config:
     # --- exploration ---
     exploration: Literal["noisy", "epsilon"] = "noisy"
     """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy with the noise off."""
-    noise_interval: int = 1
-    """Acting resamples the online net's noise every this many steps (1 in the paper); updates
-    resample it too, so with k > 1 acting uses the noise of the latest resample of either."""
+    noise_interval: int | Literal["episode"] = 1
+    """Acting holds one noise sample for this many steps (1: fresh every step, as in the paper),
+    or ``episode``: a new sample at every episode end (with num_envs > 1: whenever any
+    sub-env's episode ends). Updates use their own noise and leave the acting noise alone."""
     epsilon_start: float = 1.0
     """Epsilon-greedy only: initial probability of a random action."""
     epsilon_end: float = 0.05
@@ -84,6 +85,8 @@ class Config:
     """Transitions per gradient update."""
     learning_starts: int = 1_000
     """Environment steps collected before the first update."""
+    random_starts: bool = False
+    """Uniform random actions until learning_starts (as SB3 and CleanRL fill their buffer)."""
     train_freq: int = 1
     """One gradient update every this many environment steps."""
     lr: float = 1e-3
@@ -151,7 +154,10 @@ class Config:
             f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}",
         )
         need(self.sigma0 >= 0, f"sigma0 must be >= 0, got {self.sigma0}")
-        need(self.noise_interval >= 1, f"noise_interval must be >= 1, got {self.noise_interval}")
+        need(
+            self.noise_interval == "episode" or self.noise_interval >= 1,
+            f"noise_interval must be >= 1 or episode, got {self.noise_interval}",
+        )
         for name in ("epsilon_start", "epsilon_end"):
             value = getattr(self, name)
             need(0 <= value <= 1, f"{name} must be in [0, 1], got {value}")

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent.noisy import noisy_layers
 from agent.optim import Adam
 
 __all__ = ["Learner", "NonFiniteError", "td_target"]
@@ -47,6 +48,10 @@ class Learner:
 
     Before every update the noise of both networks is resampled (independent
     noise for the online and the target network, as in the NoisyNet paper).
+    The online network's noise buffers are put back as they were after the
+    update: the noise there is the acting noise, which belongs to the action
+    selector (held for ``noise_interval`` steps or a whole episode), and an
+    update in between must not replace it.
     Metrics are summed on the device and only turned into floats by
     :meth:`metrics`, at the log interval.
     """
@@ -77,6 +82,10 @@ class Learner:
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)
         self._online = params
         self._target = list(target_network.parameters())
+        # The online net's noise buffers, and where the acting noise waits during an update.
+        layers = noisy_layers(q_network)
+        self._noise = [b for layer in layers for b in (layer.epsilon, layer.weight_epsilon)]
+        self._acting_noise = [torch.empty_like(b) for b in self._noise]
         # Running sums of (td_loss, mean Q of the taken actions), on the device.
         self._sums = torch.zeros(2, device=params[0].device, dtype=params[0].dtype)
         self._count = 0
@@ -89,6 +98,8 @@ class Learner:
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
+        if self._noise:
+            torch._foreach_copy_(self._acting_noise, self._noise)
         self.q_network.reset_noise()
         self.target_network.reset_noise()
         batch_size = batch.obs.shape[0]
@@ -113,6 +124,8 @@ class Learner:
         if self.max_grad_norm is not None:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
+        if self._noise:
+            torch._foreach_copy_(self._noise, self._acting_noise)  # in place: addresses kept
 
         self._sums += torch.stack([loss.detach(), q_taken.detach().mean()])
         self._count += 1

@@ -216,7 +216,7 @@ def train(
         n,
         device,
         noise=noisy_acting,
-        noise_interval=cfg.noise_interval,
+        noise_interval=None if cfg.noise_interval == "episode" else cfg.noise_interval,
     )
     greedy = ActionSelector(q_network, spec.obs_shape, len(eval_envs), device, noise=False)
     learner = Learner(
@@ -355,6 +355,8 @@ def train(
                 if explore.any():
                     actions = actions.copy()
                     actions[explore] = explore_rng.integers(spec.n_actions, size=int(explore.sum()))
+            if cfg.random_starts and global_step < cfg.learning_starts:
+                actions = explore_rng.integers(spec.n_actions, size=n)
 
             # --- step the environments; store the real transitions ---
             next_obs, rewards, terminated, truncated, info = envs.step(actions)
@@ -388,6 +390,8 @@ def train(
                 ]
                 next_obs, info = envs.reset(seed=seeds, options={"reset_mask": done})
                 lives = _lives(info, lives)
+                if cfg.noise_interval == "episode":
+                    selector.new_noise()  # one noise sample per episode
             obs = next_obs
 
             # --- learn: one update per train_freq env steps, once learning has started ---

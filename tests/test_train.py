@@ -93,9 +93,20 @@ def test_short_training_writes_events_checkpoints_and_result(tmp_path: Path) -> 
     assert load_config("CartPole-v1", run_dir / "config.yaml").lr == cfg.lr
 
 
-def test_resume_continues_exactly_where_it_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "exploration",
+    [{}, {"noise_interval": "episode", "random_starts": True, "learning_starts": 1_000}],
+    ids=["per-step-noise", "episode-noise-random-starts"],
+)
+def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: dict) -> None:
     """train 2N == train N, resume, train N: same parameters, same logged returns."""
-    overrides = {**SHORT, "save_buffer": True, "eval_interval": 700, "checkpoint_interval": 10_000}
+    overrides = {
+        **SHORT,
+        "save_buffer": True,
+        "eval_interval": 700,
+        "checkpoint_interval": 10_000,
+        **exploration,
+    }
     straight = load_config("CartPole-v1", overrides={**overrides, "total_steps": 2_400})
     train(straight, tmp_path / "a", progress=False, echo=lambda _: None)
 
