@@ -355,7 +355,7 @@ def train(
                 if explore.any():
                     actions = actions.copy()
                     actions[explore] = explore_rng.integers(spec.n_actions, size=int(explore.sum()))
-            if cfg.random_starts and global_step < cfg.learning_starts:
+            if global_step < cfg.random_starts:
                 actions = explore_rng.integers(spec.n_actions, size=n)
 
             # --- step the environments; store the real transitions ---

@@ -95,7 +95,7 @@ def test_short_training_writes_events_checkpoints_and_result(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     "exploration",
-    [{}, {"noise_interval": "episode", "random_starts": True, "learning_starts": 1_000}],
+    [{}, {"noise_interval": "episode", "random_starts": 1_000}],
     ids=["per-step-noise", "episode-noise-random-starts"],
 )
 def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: dict) -> None:
