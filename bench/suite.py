@@ -180,14 +180,21 @@ def main() -> int:
         sb3_seeds = []
         print("stable-baselines3 is not installed: no SB3 rows (pip install -e '.[bench]')")
 
-    # One queue for everything, longest jobs first, so that the pool stays full.
+    # One queue for everything. SB3's runs are spread among ours, so that a change in
+    # the machine's load during the run hits every agent alike.
     jobs: list[tuple[str, str, int]] = []
     for env_id in envs:
-        jobs += [(env_id, AGENTS[2], s) for s in sb3_seeds]
-    for env_id in envs:
-        jobs += [(env_id, AGENTS[0], s) for s in seeds]
-        if not args.no_ablation:
-            jobs += [(env_id, AGENTS[1], s) for s in seeds]
+        ours = []
+        for s in seeds:
+            ours.append((env_id, AGENTS[0], s))
+            if not args.no_ablation:
+                ours.append((env_id, AGENTS[1], s))
+        sb3 = [(env_id, AGENTS[2], s) for s in sb3_seeds]
+        stride = -(-len(ours) // max(len(sb3), 1))  # ceil
+        for i, job in enumerate(sb3):
+            jobs.append(job)
+            jobs += ours[i * stride : (i + 1) * stride]
+        jobs += ours[len(sb3) * stride :]
 
     def run(job: tuple[str, str, int]) -> dict:
         env_id, agent, seed = job
