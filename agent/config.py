@@ -40,7 +40,7 @@ class Config:
     e.g. ``{goal_velocity: 0.02}`` for MountainCar-v0 or ``{max_episode_steps: 200}``."""
     seed: int = 1
     """Seed of torch, numpy, Python and every environment episode."""
-    total_steps: int = 500_000
+    total_steps: int = 150_000
     """Environment steps to train for (summed over vector sub-environments)."""
     num_envs: int = 1
     """Sub-environments stepped together in one gymnasium vector env."""
@@ -54,11 +54,11 @@ class Config:
     """Intra-op threads on CPU. One is fastest for small networks and robust under load."""
 
     # --- network ---
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
     """Widths of the hidden layers of the Q head."""
     dueling: bool = False
     """Dueling head: Q = V + A - mean(A)."""
-    noisy_layers: Literal["all", "last", "none"] = "all"
+    noisy_layers: Literal["all", "last", "none"] = "last"
     """Which linear layers are noisy; ``none`` gives a plain DQN (epsilon-greedy)."""
     sigma0: float = 0.5
     """Initial noise scale of the noisy layers (sigma = sigma0 / sqrt(fan_in))."""
@@ -67,9 +67,10 @@ class Config:
     exploration: Literal["noisy", "epsilon"] = "noisy"
     """``noisy``: act greedily on a noisy net. ``epsilon``: epsilon-greedy, with the noise of any
     noisy layers off everywhere (acting and learning: the sigmas stay as initialised)."""
-    noise_interval: int = 1
-    """Acting resamples the online net's noise every this many steps (1 in the paper); updates
-    resample it too, so with k > 1 acting uses the noise of the latest resample of either."""
+    noise_interval: int | Literal["episode"] = "episode"
+    """Acting holds one noise sample for this many steps (1: fresh every step, as in the paper),
+    or ``episode``: a new sample at every episode end (with num_envs > 1: whenever any
+    sub-env's episode ends). Updates use their own noise and leave the acting noise alone."""
     epsilon_start: float = 1.0
     """Epsilon-greedy only: initial probability of a random action."""
     epsilon_end: float = 0.05
@@ -78,19 +79,21 @@ class Config:
     """Epsilon-greedy only: fraction of total_steps over which epsilon decays linearly."""
 
     # --- learning ---
-    buffer_size: int = 100_000
+    buffer_size: int = 10_000
     """Replay capacity in transitions."""
     frame_replay: bool = True
     """Image stacks (C, H, W) uint8: store each frame once and rebuild stacks at sample time."""
     save_buffer: bool = False
     """Store the replay buffer in checkpoints (needed for an exact resume; can be large)."""
-    batch_size: int = 64
+    batch_size: int = 32
     """Transitions per gradient update."""
-    learning_starts: int = 1_000
+    learning_starts: int = 500
     """Environment steps collected before the first update."""
-    train_freq: int = 1
+    random_starts: int = 100
+    """Uniform random actions for this many first env steps (SB3 and CleanRL: learning_starts)."""
+    train_freq: int = 3
     """One gradient update every this many environment steps."""
-    lr: float = 1e-3
+    lr: float = 4e-3
     """Adam learning rate."""
     adam_eps: float = 1.5e-4
     """Adam epsilon."""
@@ -110,13 +113,13 @@ class Config:
     """Huber loss threshold."""
     max_grad_norm: float | None = 10.0
     """Clip the global gradient norm to this value; null disables clipping."""
-    target_update_interval: int = 1_000
+    target_update_interval: int = 250
     """Environment steps between target network updates."""
     tau: float = 1.0
     """Target update weight: 1 copies (hard update), < 1 is a Polyak average."""
 
     # --- evaluation ---
-    eval_interval: int = 10_000
+    eval_interval: int = 2_000
     """Environment steps between noise-free evaluations (0 disables them)."""
     eval_episodes: int = 10
     """Episodes per periodic evaluation."""
@@ -160,7 +163,10 @@ class Config:
             f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}",
         )
         need(self.sigma0 >= 0, f"sigma0 must be >= 0, got {self.sigma0}")
-        need(self.noise_interval >= 1, f"noise_interval must be >= 1, got {self.noise_interval}")
+        need(
+            self.noise_interval == "episode" or self.noise_interval >= 1,
+            f"noise_interval must be >= 1 or episode, got {self.noise_interval}",
+        )
         for name in ("epsilon_start", "epsilon_end"):
             value = getattr(self, name)
             need(0 <= value <= 1, f"{name} must be in [0, 1], got {value}")
@@ -188,6 +194,7 @@ class Config:
             self.learning_starts >= self.batch_size,
             f"learning_starts ({self.learning_starts}) must be >= batch_size ({self.batch_size})",
         )
+        need(self.random_starts >= 0, f"random_starts must be >= 0, got {self.random_starts}")
         need(self.train_freq >= 1, f"train_freq must be >= 1, got {self.train_freq}")
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}")

@@ -51,6 +51,10 @@ class Learner:
     With ``noise=False`` (epsilon-greedy runs) the noise of both networks is switched
     off for good: they learn on their mean weights, exactly as they act, and the
     sigma parameters receive no gradient and stay as initialised.
+    The online network's noise buffers are put back as they were after the
+    update: the noise there is the acting noise, which belongs to the action
+    selector (held for ``noise_interval`` steps or a whole episode), and an
+    update in between must not replace it.
     Metrics are summed on the device and only turned into floats by
     :meth:`metrics`, at the log interval.
     """
@@ -88,6 +92,10 @@ class Learner:
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)
         self._online = params
         self._target = list(target_network.parameters())
+        # The online net's noise buffers, and where the acting noise waits during an update.
+        layers = noisy_layers(q_network) if noise else []
+        self._acting_buffers = [b for lay in layers for b in (lay.epsilon, lay.weight_epsilon)]
+        self._acting_noise = [torch.empty_like(b) for b in self._acting_buffers]
         # Running sums of (td_loss, mean Q of the taken actions), on the device.
         self._sums = torch.zeros(2, device=params[0].device, dtype=params[0].dtype)
         self._count = 0
@@ -100,6 +108,8 @@ class Learner:
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
+        if self._acting_buffers:  # keep the acting noise aside (the selector's)
+            torch._foreach_copy_(self._acting_noise, self._acting_buffers)
         for layer in self._noisy:  # online first, then target: independent draws
             layer.reset_noise()
         batch_size = batch.obs.shape[0]
@@ -124,6 +134,8 @@ class Learner:
         if self.max_grad_norm is not None:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
+        if self._acting_buffers:  # in place: addresses kept
+            torch._foreach_copy_(self._acting_buffers, self._acting_noise)
 
         self._sums += torch.stack([loss.detach(), q_taken.detach().mean()])
         self._count += 1

@@ -166,7 +166,7 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         cfg.num_envs,
         device,
         noise=noisy,
-        noise_interval=cfg.noise_interval,
+        noise_interval=None if cfg.noise_interval == "episode" else cfg.noise_interval,
         capture_graph=cfg.capture_graph,
     )
     greedy = ActionSelector(
@@ -267,7 +267,7 @@ def train(
             agent.q_network, agent.replay, agent.selector, agent.greedy, agent.learner
         )
         sample_generator = torch.Generator(device=replay.storage_device).manual_seed(cfg.seed)
-        explore_rng = np.random.default_rng([cfg.seed, 2])  # epsilon-greedy only
+        explore_rng = np.random.default_rng([cfg.seed, 2])  # epsilon-greedy, random_starts
         episodes = Episodes(cfg.num_envs, cfg.seed)
         counters = Counters(learning_starts=cfg.learning_starts)
         eval_curve: list[tuple[int, float]] = []
@@ -378,6 +378,8 @@ def train(
                     counters.global_step,
                 )
                 actions = epsilon_greedy(actions, epsilon, explore_rng, spec.n_actions)
+            if counters.global_step < cfg.random_starts:
+                actions = explore_rng.integers(spec.n_actions, size=n)  # fill replay uniformly
 
             # --- step the environments; store the real transitions ---
             next_obs, rewards, terminated, truncated, info = envs.step(actions)
@@ -397,6 +399,8 @@ def train(
                 for episodic_return, length in finished:
                     monitor.episode(step, episodic_return, length)
                 counters.episodes += len(finished)
+                if cfg.noise_interval == "episode":
+                    selector.new_noise()  # one noise sample per episode
             obs = next_obs
 
             # --- learn: one update per train_freq env steps, once learning has started ---

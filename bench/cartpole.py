@@ -63,10 +63,11 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 seed, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 kwargs = json.loads(sys.argv[4])
+env_id, eval_every, eval_episodes = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
 torch.set_num_threads(1)
 
 def evaluate(model, episodes, round_index):
-    env = gym.make("CartPole-v1")
+    env = gym.make(env_id)
     returns = []
     for k in range(episodes):
         obs, _ = env.reset(seed=10_000 * (round_index + 1) + k + 1_000_000 * seed)
@@ -82,20 +83,24 @@ def evaluate(model, episodes, round_index):
 class Curve(BaseCallback):
     def __init__(self):
         super().__init__()
-        self.curve, self.rounds = [], 0
+        self.curve, self.rounds, self.eval_time = [], 0, 0.0
     def _on_step(self):
-        if self.num_timesteps % 1500 == 0:
-            self.curve.append((self.num_timesteps, evaluate(self.model, 20, self.rounds)))
+        if self.num_timesteps % eval_every == 0:
+            t = time.perf_counter()
+            ret = evaluate(self.model, eval_episodes, self.rounds)
+            self.curve.append((self.num_timesteps, ret))
+            self.eval_time += time.perf_counter() - t
             self.rounds += 1
         return True
 
 start = time.perf_counter()
-model = DQN("MlpPolicy", gym.make("CartPole-v1"), seed=seed, device="cpu", **kwargs)
+model = DQN("MlpPolicy", gym.make(env_id), seed=seed, device="cpu", **kwargs)
 cb = Curve()
 model.learn(total_timesteps=steps, callback=cb)
 final = evaluate(model, 100, 999)
 json.dump({"eval_curve": cb.curve, "final_eval_return": final, "global_step": steps,
-           "train_time_s": time.perf_counter() - start}, open(out, "w"))
+           "train_time_s": time.perf_counter() - start, "periodic_eval_s": cb.eval_time},
+          open(out, "w"))
 """
 
 
@@ -106,9 +111,10 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def run_ours(seed: int, extra: list[str], workdir: Path) -> dict:
+def run_ours(seed: int, extra: list[str], workdir: Path, env_id: str = "CartPole-v1") -> dict:
+    """``python run.py --env ENV --seed S [extra]`` in its own process, timed as a whole."""
     run_dir = workdir / f"seed{seed}"
-    cmd = [sys.executable, "run.py", "--env", "CartPole-v1", "--seed", str(seed),
+    cmd = [sys.executable, "run.py", "--env", env_id, "--seed", str(seed),
            "--no-progress", "--run-dir", str(run_dir), *extra]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -120,10 +126,25 @@ def run_ours(seed: int, extra: list[str], workdir: Path) -> dict:
     return result
 
 
-def run_sb3(seed: int, workdir: Path) -> dict:
-    out = workdir / f"sb3_seed{seed}.json"
-    cmd = [sys.executable, "-c", SB3_SCRIPT, str(seed), str(SB3_STEPS), str(out),
-           json.dumps(SB3_ZOO)]
+def run_sb3(
+    seed: int,
+    workdir: Path,
+    env_id: str = "CartPole-v1",
+    hyperparams: dict | None = None,
+    steps: int = SB3_STEPS,
+    eval_every: int = 1500,
+    eval_episodes: int = 20,
+) -> dict:
+    """SB3's DQN (rl-zoo3 hyperparameters) in its own process, timed as a whole.
+
+    Every ``eval_every`` steps a deterministic ``eval_episodes``-episode evaluation,
+    at the end one of 100 episodes; ``periodic_eval_s`` is the time the periodic ones took.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / f"sb3_{env_id.replace('/', '_')}_seed{seed}.json"
+    cmd = [sys.executable, "-c", SB3_SCRIPT, str(seed), str(steps), str(out),
+           json.dumps(SB3_ZOO if hyperparams is None else hyperparams), env_id,
+           str(eval_every), str(eval_episodes)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start

@@ -250,6 +250,64 @@ def test_noise_interval(kind: str) -> None:
     assert changed == [True, False, False, True, False, False, True]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_held_noise_survives_learner_updates(kind: str) -> None:
+    """With noise_interval=k, k consecutive actions use one noise sample, even when the
+    learner updates (and resamples the online net's noise for its own use) in between."""
+    from agent.learner import Learner
+    from agent.replay import Batch
+
+    torch.manual_seed(0)
+    net = NETWORKS["noisy"]()
+    learner = Learner(net, QNetwork((4,), N_ACTIONS), lr=1e-2)
+    selector = make_selector(kind, net, 8, noise_interval=3)
+    rng = np.random.default_rng(8)
+    g = torch.Generator().manual_seed(0)
+    batch = Batch(
+        obs=torch.randn(16, 4, generator=g),
+        actions=torch.randint(0, N_ACTIONS, (16,), generator=g),
+        rewards=torch.randn(16, generator=g),
+        next_obs=torch.randn(16, 4, generator=g),
+        dones=torch.zeros(16),
+        discounts=torch.full((16,), 0.99),
+    )
+    held = []
+    for _ in range(6):
+        obs = observations((4,), 8, rng)
+        actions = selector(obs)
+        held.append(noise_snapshot(net))
+        np.testing.assert_array_equal(actions, greedy(net, obs))
+        learner.update(batch)
+    assert same_noise(held[0], held[1]) and same_noise(held[1], held[2])
+    assert all_noise_changed(held[2], held[3])
+    assert same_noise(held[3], held[4]) and same_noise(held[4], held[5])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_noise_held_until_new_noise(kind: str) -> None:
+    net = NETWORKS["noisy"]()
+    selector = make_selector(kind, net, 8, noise_interval=None)
+    rng = np.random.default_rng(9)
+    first = noise_snapshot(net)
+    snapshots = []
+    for step in range(8):
+        if step == 5:
+            selector.new_noise()  # an episode ended
+        obs = observations((4,), 8, rng)
+        actions = selector(obs)
+        snapshots.append(noise_snapshot(net))
+        np.testing.assert_array_equal(actions, greedy(net, obs))
+    assert all_noise_changed(first, snapshots[0])  # the first call draws
+    assert all(same_noise(snapshots[0], s) for s in snapshots[1:5])
+    assert all_noise_changed(snapshots[4], snapshots[5])
+    assert all(same_noise(snapshots[5], s) for s in snapshots[6:])
+
+
+def test_noise_interval_must_be_positive_or_none() -> None:
+    with pytest.raises(ValueError, match="noise_interval"):
+        ActionSelector(NETWORKS["noisy"](), (4,), 1, noise_interval=0)
+
+
 def test_seeded_noise_is_reproducible() -> None:
     torch.manual_seed(0)
     net_a = NETWORKS["noisy"]()

@@ -57,11 +57,20 @@ def test_unknown_key_is_rejected_with_a_suggestion(config_dir: Path) -> None:
         ("hidden_sizes", [64, "x"]),
         ("loss", "l1"),
         ("max_grad_norm", "none"),
+        ("noise_interval", "step"),
+        ("noise_interval", 2.5),
     ],
 )
 def test_wrong_types_are_rejected(config_dir: Path, key: str, value: object) -> None:
     with pytest.raises(UserError, match=f"config key '{key}' in --set must be"):
         load_config("Toy-v0", overrides={key: value}, config_dir=config_dir)
+
+
+def test_noise_interval_takes_a_step_count_or_episode(config_dir: Path) -> None:
+    cfg = load_config("Toy-v0", overrides={"noise_interval": 4}, config_dir=config_dir)
+    assert cfg.noise_interval == 4
+    cfg = load_config("Toy-v0", overrides={"noise_interval": "episode"}, config_dir=config_dir)
+    assert cfg.noise_interval == "episode"
 
 
 def test_ints_are_accepted_for_floats_and_null_for_optionals(config_dir: Path) -> None:
@@ -82,6 +91,7 @@ def test_ints_are_accepted_for_floats_and_null_for_optionals(config_dir: Path) -
         ({"device": "tpu"}, "device"),
         ({"exploration": "noisy", "noisy_layers": "none"}, "needs noisy layers"),
         ({"seed": -1}, "seed"),
+        ({"noise_interval": 0}, "noise_interval must be >= 1 or episode"),
     ],
 )
 def test_invalid_values_are_rejected(config_dir: Path, overrides: dict, message: str) -> None:

@@ -95,17 +95,24 @@ def test_gradient_clipping_bounds_the_step() -> None:
     assert total <= 1e-3 * 1.01
 
 
-def test_noise_of_both_networks_is_resampled_before_each_update() -> None:
+def test_update_uses_fresh_noise_and_leaves_the_acting_noise_in_place() -> None:
     learner = _learner()
-    online_eps = learner.q_network._noisy[0].weight_epsilon.clone()
-    target_eps = learner.target_network._noisy[0].weight_epsilon.clone()
+    online, target = learner.q_network._noisy[0], learner.target_network._noisy[0]
+    seen: dict[str, torch.Tensor] = {}
+    online.register_forward_hook(lambda m, i, o: seen.update(online=m.weight_epsilon.clone()))
+    target.register_forward_hook(lambda m, i, o: seen.update(target=m.weight_epsilon.clone()))
+    acting = [b.clone() for layer in learner.q_network._noisy for b in layer.buffers()]
+    pointers = [b.data_ptr() for layer in learner.q_network._noisy for b in layer.buffers()]
+    target_before = target.weight_epsilon.clone()
     learner.update(_batch())
-    assert not torch.equal(online_eps, learner.q_network._noisy[0].weight_epsilon)
-    assert not torch.equal(target_eps, learner.target_network._noisy[0].weight_epsilon)
-    # Independent draws for the two networks.
-    assert not torch.equal(
-        learner.q_network._noisy[0].weight_epsilon, learner.target_network._noisy[0].weight_epsilon
-    )
+    # The update ran on noise of its own, independent for the two networks ...
+    assert not torch.equal(seen["online"], acting[1])
+    assert not torch.equal(seen["target"], target_before)
+    assert not torch.equal(seen["online"], seen["target"])
+    # ... and put the acting noise back, in place (a captured graph reads those addresses).
+    after = [b for layer in learner.q_network._noisy for b in layer.buffers()]
+    assert all(torch.equal(a, b) for a, b in zip(acting, after, strict=True))
+    assert [b.data_ptr() for b in after] == pointers
 
 
 def test_hard_and_polyak_target_sync() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -93,9 +94,20 @@ def test_short_training_writes_events_checkpoints_and_result(tmp_path: Path) -> 
     assert load_config("CartPole-v1", run_dir / "config.yaml").lr == cfg.lr
 
 
-def test_resume_continues_exactly_where_it_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "exploration",
+    [{}, {"noise_interval": "episode", "random_starts": 1_000}],
+    ids=["per-step-noise", "episode-noise-random-starts"],
+)
+def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: dict) -> None:
     """train 2N == train N, resume, train N: same parameters, same logged returns."""
-    overrides = {**SHORT, "save_buffer": True, "eval_interval": 700, "checkpoint_interval": 10_000}
+    overrides = {
+        **SHORT,
+        "save_buffer": True,
+        "eval_interval": 700,
+        "checkpoint_interval": 10_000,
+        **exploration,
+    }
     straight = load_config("CartPole-v1", overrides={**overrides, "total_steps": 2_400})
     train(straight, tmp_path / "a", progress=False, echo=lambda _: None)
 
@@ -115,6 +127,52 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path: Path) -> None:
     result_a = json.loads((tmp_path / "a" / "result.json").read_text())
     result_b = json.loads((tmp_path / "b" / "result.json").read_text())
     assert result_a["eval_curve"] == result_b["eval_curve"]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "length"), [("NoisyDQN/Cue-v0", 5), ("NoisyDQN/CueTruncated-v0", 7)]
+)
+def test_episode_noise_is_held_for_each_episode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env_id: str, length: int
+) -> None:
+    """noise_interval=episode: every action of an episode uses one noise sample, learner
+    updates in between notwithstanding, and each episode (terminated or truncated) a new one."""
+    import agent.train
+    from agent.acting import ActionSelector
+    from agent.noisy import noisy_layers
+
+    held: list[list[torch.Tensor]] = []
+
+    class Recording(ActionSelector):
+        def __call__(self, obs: np.ndarray) -> np.ndarray:
+            actions = super().__call__(obs)
+            if self.noise:  # the training selector, not the evaluation one
+                held.append([b.clone() for m in noisy_layers(self.q_network) for b in m.buffers()])
+            return actions
+
+    monkeypatch.setattr(agent.train, "ActionSelector", Recording)
+    overrides = {
+        **SHORT,
+        "total_steps": 10 * length,
+        "learning_starts": 2 * length,
+        "batch_size": 4,
+        "train_freq": 1,
+        "random_starts": 0,
+        "noise_interval": "episode",
+        "eval_interval": 0,
+    }
+    cfg = load_config(f"envs.testing:{env_id}", overrides=overrides)
+    train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert len(held) == 10 * length
+
+    def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    episodes = [held[i : i + length] for i in range(0, len(held), length)]
+    for episode in episodes:
+        assert all(same(episode[0], step) for step in episode[1:])
+    for before, after in itertools.pairwise(episodes):
+        assert not same(before[0], after[0])
 
 
 def test_same_seed_same_run(tmp_path: Path) -> None:

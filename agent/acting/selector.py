@@ -75,8 +75,11 @@ class ActionSelector:
         noise: act with noisy weights, resampled every ``noise_interval`` calls (True;
             the paper resamples every step), or with the mean weights only (False, for
             deterministic evaluation). The selector resamples the *online* network's
-            noise buffers in place, as the paper's acting step does.
-        noise_interval: resample the noise every this many calls (1 = every step).
+            noise buffers in place, as the paper's acting step does; the learner puts
+            them back after each update, so the noise stays held between resamples.
+        noise_interval: resample the noise every this many calls (1 = every step), or
+            ``None``: only at the first call and after :meth:`new_noise` (the training
+            loop calls it at every episode end, for noise held for a whole episode).
         seed: seed of the numpy generator used for noise on the CPU fast path; ``None``
             draws one from torch's default CPU generator, so ``torch.manual_seed``
             makes acting reproducible. (The torch paths use torch's default generator.)
@@ -104,7 +107,7 @@ class ActionSelector:
         device: torch.device | str | None = None,
         *,
         noise: bool = True,
-        noise_interval: int = 1,
+        noise_interval: int | None = 1,
         seed: int | None = None,
         backend: Backend = "auto",
         capture_fn: CaptureFn | None = None,
@@ -113,8 +116,12 @@ class ActionSelector:
         obs_shape = tuple(int(s) for s in obs_shape)
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if int(noise_interval) != noise_interval or noise_interval < 1:
-            raise ValueError(f"noise_interval must be a positive integer, got {noise_interval}")
+        if noise_interval is not None and (
+            int(noise_interval) != noise_interval or noise_interval < 1
+        ):
+            raise ValueError(
+                f"noise_interval must be a positive integer or None, got {noise_interval}"
+            )
         if backend not in ("auto", "graph", "numpy", "eager"):
             raise ValueError(f"backend must be auto, graph, numpy or eager, got {backend!r}")
         if capture_fn is not None and backend not in ("auto", "graph"):
@@ -129,7 +136,7 @@ class ActionSelector:
         self.num_envs = int(num_envs)
         self._batch_shape = (self.num_envs, *obs_shape)
         self._noise = bool(noise)
-        self.noise_interval = int(noise_interval)
+        self.noise_interval = None if noise_interval is None else int(noise_interval)
         self._backend_request: Backend = "graph" if capture_fn is not None else backend
         self._capture_fn = capture_fn
         self.capture_graph = bool(capture_graph)
@@ -185,6 +192,10 @@ class ActionSelector:
         capture fell back to eager replays."""
         return self._backend == "graph" and self._captured
 
+    def new_noise(self) -> None:
+        """Draw fresh noise at the next call, whatever ``noise_interval`` says."""
+        self._step = 0
+
     def refresh(self) -> None:
         """Drop graphs, buffers and views; the next call rebuilds (re-captures) them."""
         self._backend = None
@@ -221,7 +232,10 @@ class ActionSelector:
             or probe.dtype != self._probe_dtype
         ):
             self._build(obs.dtype)
-        resample = self._noise and self._step % self.noise_interval == 0
+        interval = self.noise_interval
+        resample = self._noise and (
+            self._step == 0 if interval is None else self._step % interval == 0
+        )
         self._step += 1
         if self._backend == "numpy":
             policy = self._numpy

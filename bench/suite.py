@@ -1,0 +1,250 @@
+"""Classic control: our default command, its epsilon-greedy ablation and SB3, in one run.
+
+    python bench/suite.py --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/
+
+For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (``--envs`` picks), every
+seed a separate process, timed as a whole (start-up included):
+
+* ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else.
+* ``epsilon``: the same command with ``--set exploration=epsilon --set
+  noisy_layers=none``: the same network and learner without noise, epsilon-greedy.
+* ``sb3`` (when stable-baselines3 is installed): SB3's DQN with the rl-zoo3 2.9.2
+  hyperparameters for the env (``bench/cartpole.py`` runs it), for the zoo's step
+  budget.
+
+"Solved" = the final policy's noise-free 100-episode mean reaches the env's
+reward threshold (ours stop early once a 10-episode evaluation reaches it and a
+100-episode one confirms it, so their final policy is the confirmed one). "Steps to
+solve" = env steps at the first periodic evaluation at or above the threshold (ours:
+10 episodes every ``eval_interval`` of the config; SB3: 10 episodes every
+``SB3_EVAL_EVERY`` steps). Its median and IQR are over all seeds, a seed that never
+got there counting as infinitely slow. IQM and its 95% bootstrap CI are over the final
+100-episode returns (agent.sweep's statistics). Wall-clock is the whole command; for
+SB3 the time of its periodic evaluations (ours are part of the training loop and
+counted) is subtracted, which favours SB3. With ``--jobs 2`` two processes run at a
+time on a 2-core machine, so every agent is timed under the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
+from cartpole import parse_seeds, run_ours, run_sb3
+
+from agent.sweep import bootstrap_ci, iqm
+
+# rl-zoo3 2.9.2 hyperparams/dqn.yml (n_timesteps is the step budget).
+SB3_ZOO = {
+    "CartPole-v1": (50_000, SB3_ZOO_CARTPOLE),
+    "Acrobot-v1": (100_000, {
+        "learning_rate": 6.3e-4,
+        "batch_size": 128,
+        "buffer_size": 50_000,
+        "learning_starts": 0,
+        "gamma": 0.99,
+        "target_update_interval": 250,
+        "train_freq": 4,
+        "gradient_steps": -1,
+        "exploration_fraction": 0.12,
+        "exploration_final_eps": 0.1,
+        "policy_kwargs": {"net_arch": [256, 256]},
+    }),
+    "MountainCar-v0": (120_000, {
+        "learning_rate": 4e-3,
+        "batch_size": 128,
+        "buffer_size": 10_000,
+        "learning_starts": 1_000,
+        "gamma": 0.98,
+        "target_update_interval": 600,
+        "train_freq": 16,
+        "gradient_steps": 8,
+        "exploration_fraction": 0.2,
+        "exploration_final_eps": 0.07,
+        "policy_kwargs": {"net_arch": [256, 256]},
+    }),
+}
+SB3_EVAL_EVERY = {"CartPole-v1": 1_000, "Acrobot-v1": 5_000, "MountainCar-v0": 5_000}
+THRESHOLD = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
+EPSILON = ["--set", "exploration=epsilon", "--set", "noisy_layers=none"]
+AGENTS = ("noisy (ours, default command)", "epsilon-greedy (ours, same config)",
+          "sb3 DQN (rl-zoo3)")
+
+
+def first_reach(curve: list, threshold: float) -> float:
+    return next((float(step) for step, value in curve if value >= threshold), math.inf)
+
+
+def fmt_steps(x: float) -> str:
+    return "never" if math.isinf(x) else f"{x:,.0f}"
+
+
+def summarise(env_id: str, results: list[dict], sb3_wall: float | None) -> dict:
+    threshold = THRESHOLD[env_id]
+    finals = [r["final_eval_return"] for r in results]
+    solved = sum(f is not None and f >= threshold for f in finals)
+    reach = sorted(first_reach(r["eval_curve"], threshold) for r in results)
+    q25, med, q75 = (_quantile(reach, q) for q in (0.25, 0.5, 0.75))
+    lo, hi = bootstrap_ci(finals)
+    wall = statistics.median(r["wall_s"] for r in results)
+    return {
+        "solved": f"{solved}/{len(results)}",
+        "steps": f"{fmt_steps(med)} ({fmt_steps(q25)}-{fmt_steps(q75)})",
+        "reached": sum(not math.isinf(x) for x in reach),
+        "iqm": f"{iqm(finals):.1f} [{lo:.1f}, {hi:.1f}]",
+        "wall": wall,
+        "ratio": None if sb3_wall is None else sb3_wall / wall,
+        "finals": " ".join(f"{f:.0f}" for f in finals),
+    }
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolation quantile that tolerates inf (a seed that never solved)."""
+    pos = q * (len(sorted_values) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    a, b = sorted_values[lo], sorted_values[hi]
+    if lo == hi or a == b:
+        return a
+    if math.isinf(b):
+        return math.inf
+    return a + (b - a) * (pos - lo)
+
+
+def plot(env_id: str, curves: dict[str, list[list]], budget: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    grid = np.linspace(0, budget, 201)[1:]
+    for name, runs in curves.items():
+        values = []
+        for curve in runs:
+            steps = np.array([s for s, _ in curve] or [0])
+            rets = np.array([v for _, v in curve] or [np.nan])
+            # After an early stop the policy is kept: carry its last evaluation forward.
+            idx = np.clip(np.searchsorted(steps, grid, side="right") - 1, 0, None)
+            values.append(np.where(grid >= steps[0], rets[idx], np.nan))
+        arr = np.array(values)
+        with warnings.catch_warnings():  # before an agent's first evaluation: all NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(arr, axis=0)
+            lo, hi = np.nanpercentile(arr, 25, axis=0), np.nanpercentile(arr, 75, axis=0)
+        ax.plot(grid, med, label=f"{name} (median, IQR band, {len(runs)} seeds)")
+        ax.fill_between(grid, lo, hi, alpha=0.2)
+    ax.axhline(THRESHOLD[env_id], color="gray", ls="--", lw=1)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("noise-free evaluation return")
+    ax.set_title(env_id)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--envs", default=",".join(THRESHOLD), help="comma-separated env ids")
+    p.add_argument("--seeds", default="101-110", help="our seeds, e.g. 101-110 or 1,2,3")
+    p.add_argument("--sb3-seeds", type=int, default=3, help="first N of --seeds for SB3 (0: none)")
+    p.add_argument("--no-ablation", action="store_true", help="skip the epsilon-greedy runs")
+    p.add_argument("--jobs", type=int, default=2, help="processes at a time")
+    p.add_argument("--plot-dir", type=Path, help="write <env>.png learning curves here")
+    p.add_argument("--json", type=Path, help="write every per-seed result here")
+    args = p.parse_args()
+    envs = args.envs.split(",")
+    unknown = [e for e in envs if e not in THRESHOLD]
+    if unknown:
+        p.error(f"unknown env {unknown[0]}: choose from {', '.join(THRESHOLD)}")
+    seeds = parse_seeds(args.seeds)
+    workdir = Path(tempfile.mkdtemp(prefix="bench_suite_"))
+    try:
+        import stable_baselines3  # noqa: F401
+
+        sb3_seeds = seeds[: args.sb3_seeds]
+    except ImportError:
+        sb3_seeds = []
+        print("stable-baselines3 is not installed: no SB3 rows (pip install -e '.[bench]')")
+
+    # One queue for everything. SB3's runs are spread among ours, so that a change in
+    # the machine's load during the run hits every agent alike.
+    jobs: list[tuple[str, str, int]] = []
+    for env_id in envs:
+        ours = []
+        for s in seeds:
+            ours.append((env_id, AGENTS[0], s))
+            if not args.no_ablation:
+                ours.append((env_id, AGENTS[1], s))
+        sb3 = [(env_id, AGENTS[2], s) for s in sb3_seeds]
+        stride = -(-len(ours) // max(len(sb3), 1))  # ceil
+        for i, job in enumerate(sb3):
+            jobs.append(job)
+            jobs += ours[i * stride : (i + 1) * stride]
+        jobs += ours[len(sb3) * stride :]
+
+    def run(job: tuple[str, str, int]) -> dict:
+        env_id, agent, seed = job
+        where = workdir / env_id / agent.split()[0]
+        if agent == AGENTS[2]:
+            steps, hyper = SB3_ZOO[env_id]
+            r = run_sb3(seed, where, env_id, hyper, steps, SB3_EVAL_EVERY[env_id], 10)
+            r["wall_s"] -= r["periodic_eval_s"]
+        else:
+            r = run_ours(seed, EPSILON if agent == AGENTS[1] else [], where, env_id)
+        print(f"{env_id} | {agent} | seed {seed}: final {r['final_eval_return']:.1f}, "
+              f"{r['global_step']} steps, {r['wall_s']:.1f} s", flush=True)
+        return r
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        done = list(pool.map(run, jobs))
+    results: dict[str, dict[str, list[dict]]] = {e: {} for e in envs}
+    for (env_id, agent, _), r in zip(jobs, done, strict=True):
+        results[env_id].setdefault(agent, []).append(r)
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                .splitlines() if line.startswith("model name")), "unknown CPU") \
+        if Path("/proc/cpuinfo").exists() else "unknown CPU"
+    print(f"\nseeds {args.seeds} (SB3: first {len(sb3_seeds)}), jobs={args.jobs}, "
+          f"{os.cpu_count()} CPUs ({cpu})")
+    for env_id in envs:
+        agents = {a: results[env_id][a] for a in AGENTS if a in results[env_id]}
+        sb3 = agents.get(AGENTS[2])
+        sb3_wall = statistics.median(r["wall_s"] for r in sb3) if sb3 else None
+        print(f"\n### {env_id} (solved: 100-episode noise-free mean >= {THRESHOLD[env_id]:g})\n")
+        print("| agent | seeds solved | steps to solve, median (IQR) | final return, IQM "
+              "[95% CI] | median wall-clock (s) | SB3 / this | final 100-episode returns |")
+        print("|---|---|---|---|---|---|---|")
+        for name, res in agents.items():
+            row = summarise(env_id, res, sb3_wall)
+            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.1f}x"
+            print(f"| {name} | {row['solved']} | {row['steps']} | {row['iqm']} | "
+                  f"{row['wall']:.1f} | {ratio} | {row['finals']} |")
+        if args.plot_dir:
+            args.plot_dir.mkdir(parents=True, exist_ok=True)
+            budget = max(max((s for s, _ in r["eval_curve"]), default=0)
+                         for res in agents.values() for r in res)
+            path = args.plot_dir / f"{env_id}.png"
+            plot(env_id, {n: [r["eval_curve"] for r in res] for n, res in agents.items()},
+                 budget, path)
+            print(f"\nplot: {path}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
