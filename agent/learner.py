@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent.noisy import noisy_layers, set_noise
+from agent.noisy import NoiseSnapshot, noisy_layers, set_noise
 from agent.optim import Adam
 
 __all__ = ["Learner", "NonFiniteError", "td_target"]
@@ -80,22 +80,20 @@ class Learner:
         self.huber_delta = huber_delta
         self.max_grad_norm = max_grad_norm
         self.tau = tau
-        self.noise = noise
         if not noise:
             set_noise(q_network, False)
             set_noise(target_network, False)
         self.target_network.requires_grad_(False)
         # Found once (by type): the reset runs before every update.
-        self._noisy = [*noisy_layers(q_network), *noisy_layers(target_network)] if noise else []
+        online = noisy_layers(q_network) if noise else []
+        self._noisy = [*online, *(noisy_layers(target_network) if noise else [])]
+        # Where the acting noise (the selector's) waits during an update.
+        self._acting_noise = NoiseSnapshot(online)
         params = list(q_network.parameters())
         # One fused kernel per step and one flat gradient buffer (agent/optim.py).
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)
         self._online = params
         self._target = list(target_network.parameters())
-        # The online net's noise buffers, and where the acting noise waits during an update.
-        layers = noisy_layers(q_network) if noise else []
-        self._acting_buffers = [b for lay in layers for b in (lay.epsilon, lay.weight_epsilon)]
-        self._acting_noise = [torch.empty_like(b) for b in self._acting_buffers]
         # Running sums of (td_loss, mean Q of the taken actions), on the device.
         self._sums = torch.zeros(2, device=params[0].device, dtype=params[0].dtype)
         self._count = 0
@@ -108,8 +106,7 @@ class Learner:
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
-        if self._acting_buffers:  # keep the acting noise aside (the selector's)
-            torch._foreach_copy_(self._acting_noise, self._acting_buffers)
+        self._acting_noise.save()
         for layer in self._noisy:  # online first, then target: independent draws
             layer.reset_noise()
         batch_size = batch.obs.shape[0]
@@ -134,8 +131,7 @@ class Learner:
         if self.max_grad_norm is not None:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
-        if self._acting_buffers:  # in place: addresses kept
-            torch._foreach_copy_(self._acting_buffers, self._acting_noise)
+        self._acting_noise.restore()
 
         self._sums += torch.stack([loss.detach(), q_taken.detach().mean()])
         self._count += 1

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from agent.noisy import noise_disabled, noisy_layers
+from agent.noisy import NoiseSnapshot, noise_disabled, noisy_layers
 
 __all__ = ["Monitor", "action_disagreement", "exploration_stats", "noise_stats", "q_gap"]
 
@@ -60,7 +60,9 @@ def _noisy_greedy(
     """Greedy actions under fresh noise, one sample per chunk; the noise state is restored."""
     layers = noisy_layers(q_network)
     obs = obs.to(_device(q_network))
-    saved = [(lay.epsilon.clone(), lay.weight_epsilon.clone(), lay.noise_enabled) for lay in layers]
+    snapshot = NoiseSnapshot(layers)
+    snapshot.save()
+    switches = [layer.noise_enabled for layer in layers]
     try:
         actions = []
         for chunk in obs.chunk(max(1, draws)):
@@ -70,9 +72,8 @@ def _noisy_greedy(
             actions.append(q_network(chunk).argmax(dim=1))
         return torch.cat(actions)
     finally:
-        for layer, (eps, weight_eps, enabled) in zip(layers, saved, strict=True):
-            layer.epsilon.copy_(eps)  # in place: a captured graph keeps reading these
-            layer.weight_epsilon.copy_(weight_eps)
+        snapshot.restore()  # in place: a captured graph keeps reading these buffers
+        for layer, enabled in zip(layers, switches, strict=True):
             layer.noise_enabled = enabled
 
 

@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["NoisyLinear", "noise_disabled", "noisy_layers", "reset_noise", "set_noise"]
+__all__ = [
+    "NoiseSnapshot",
+    "NoisyLinear",
+    "noise_disabled",
+    "noisy_layers",
+    "reset_noise",
+    "set_noise",
+]
 
 # The noisy forward of a batch of at most this many rows through a layer of at least
 # this many weights uses the factorised form (bench/noisy_forward.py measures where it
@@ -179,3 +186,25 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
     finally:
         for layer, was in zip(layers, previous, strict=True):
             layer.noise_enabled = was
+
+
+class NoiseSnapshot:
+    """Room to set the noise of some layers aside and put it back, in place.
+
+    The noise in the online network's buffers is the acting noise; whoever draws other
+    noise into them (a learner update, a diagnostic) saves it first and restores it
+    after. Restoring copies into the same buffers, so their addresses (read by a
+    captured CUDA graph and the numpy views) stay valid. The room is allocated once.
+    """
+
+    def __init__(self, layers: list[NoisyLinear]) -> None:
+        self._buffers = [b for layer in layers for b in (layer.epsilon, layer.weight_epsilon)]
+        self._saved = [torch.empty_like(b) for b in self._buffers]
+
+    def save(self) -> None:
+        if self._buffers:
+            torch._foreach_copy_(self._saved, self._buffers)
+
+    def restore(self) -> None:
+        if self._buffers:
+            torch._foreach_copy_(self._buffers, self._saved)
