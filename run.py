@@ -239,25 +239,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from agent.acting import ActionSelector
-    from agent.checkpoint import check_compatible, load_checkpoint
-    from agent.config import config_from_dict
     from agent.evaluate import run_episodes
-    from agent.train import resolve_device
-    from envs import inspect_env, make_env
+    from envs import make_env
 
     if not args.env:
         _user_error("--env is required with --eval: the environment to evaluate on")
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
-    data = load_checkpoint(args.eval)
-    cfg = config_from_dict(dict(data["config"]), str(args.eval))
-    # The training env's options (env_kwargs) apply when evaluating on the training env id.
-    env_kwargs = cfg.env_kwargs if args.env == data["env_id"] else {}
-    spec = inspect_env(args.env, env_kwargs)
-    check_compatible(data, args.env, spec.obs_shape, spec.n_actions)
-    device = resolve_device(args.device or "auto")
-    torch.set_num_threads(1)
-    q_network = _q_network_from(data, cfg, spec, device)
+    data, cfg, spec, env_kwargs, q_network = _load_policy(args.eval, args.env, args.device)
+    device = next(q_network.parameters()).device
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
     if args.video:
         from envs.video import video_env
@@ -300,12 +290,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import torch
-
-    from agent.checkpoint import check_compatible, load_checkpoint
-    from agent.config import config_from_dict
     from agent.export import FORMATS, ExportMismatch, require_format, write_verified
-    from envs import inspect_env, make_env
+    from envs import make_env
 
     checkpoint = Path(args.export)
     if checkpoint.is_dir():  # a run directory: its last.pt, as load_checkpoint reads it
@@ -314,15 +300,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
     require_format(fmt)  # a missing extra is reported before anything runs
     out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
-    data = load_checkpoint(checkpoint)
-    cfg = config_from_dict(dict(data["config"]), str(checkpoint))
+    data, _, _, env_kwargs, q_network = _load_policy(checkpoint, args.env, "cpu")
     env_id = args.env or data["env_id"]
-    # As for --eval: the training env's options apply on the training env id.
-    env_kwargs = cfg.env_kwargs if env_id == data["env_id"] else {}
-    spec = inspect_env(env_id, env_kwargs)
-    check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
-    torch.set_num_threads(1)  # batch-1 forwards while playing the env: one thread is fastest
-    q_network = _q_network_from(data, cfg, spec, "cpu")
     env = make_env(env_id, env_kwargs=env_kwargs)
     try:
         result = write_verified(q_network, env, out, fmt, obs_dtype=data["obs_dtype"])
@@ -340,13 +319,33 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _q_network_from(data: dict[str, Any], cfg: Any, spec: Any, device: Any) -> Any:
-    """The checkpoint's online network (``cfg``: its config), on ``device``."""
-    from agent.train import build_q_network
+def _load_policy(
+    path: str | Path, env_id: str | None, device: str | None
+) -> tuple[dict[str, Any], Any, Any, dict[str, Any], Any]:
+    """(checkpoint, its config, the env's spec, env_kwargs, online network) for ``--eval``
+    and ``--export``; ``env_id`` None means the checkpoint's own env.
 
-    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
+    The training env's options (``env_kwargs``) apply when the env is the training env.
+    One torch thread: these are batch-1 forwards while playing the env.
+    """
+    import torch
+
+    from agent.checkpoint import check_compatible, load_checkpoint
+    from agent.config import config_from_dict
+    from agent.train import build_q_network, resolve_device
+    from envs import inspect_env
+
+    data = load_checkpoint(path)
+    cfg = config_from_dict(dict(data["config"]), str(path))
+    env_id = env_id or data["env_id"]
+    env_kwargs = cfg.env_kwargs if env_id == data["env_id"] else {}
+    spec = inspect_env(env_id, env_kwargs)
+    check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
+    torch.set_num_threads(1)
+    on = resolve_device(device or "auto")
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, on)
     q_network.load_state_dict(data["q_network"])
-    return q_network
+    return data, cfg, spec, env_kwargs, q_network
 
 
 def _user_error(message: str) -> NoReturn:
