@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from agent.noisy import NoiseSnapshot, noisy_layers, set_noise
+from agent.numpy_grad import GradientSink, NumpyGrad
 from agent.optim import Adam
 
 __all__ = ["Learner", "NonFiniteError", "td_target"]
@@ -57,6 +59,16 @@ class Learner:
     update in between must not replace it.
     Metrics are summed on the device and only turned into floats by
     :meth:`metrics`, at the log interval.
+
+    ``backend``: how the gradients are computed. ``"auto"`` (default) uses the numpy
+    program of :mod:`agent.numpy_grad` where it applies (both networks on the CPU in
+    float32/float64, made of the ops it knows: every MLP ``QNetwork`` builds) and
+    PyTorch's autograd otherwise (CUDA, convolutions); ``"torch"`` or ``"numpy"``
+    force one (``"numpy"`` raises ``ValueError`` where it does not apply). Both
+    compute the same update, up to float rounding; the numpy one is several times
+    cheaper on small networks (docs/benchmarks.md). :attr:`backend` says which runs.
+    The networks' parameters must stay where they are (``load_state_dict`` copies
+    in place; moving a network needs a new learner, as the optimizer does).
     """
 
     def __init__(
@@ -72,7 +84,12 @@ class Learner:
         max_grad_norm: float | None = 10.0,
         tau: float = 1.0,
         noise: bool = True,
+        backend: Literal["auto", "torch", "numpy"] = "auto",
     ) -> None:
+        if backend not in ("auto", "torch", "numpy"):
+            raise ValueError(f"backend must be auto, torch or numpy, got {backend!r}")
+        if loss not in ("huber", "mse"):
+            raise ValueError(f"loss must be huber or mse, got {loss!r}")
         self.q_network = q_network
         self.target_network = target_network
         self.double_dqn = double_dqn
@@ -98,6 +115,13 @@ class Learner:
         self._sums = torch.zeros(2, device=params[0].device, dtype=params[0].dtype)
         self._count = 0
         self.updates = 0
+        self._numpy = _NumpyUpdate.build(self) if backend != "torch" else None
+        if backend == "numpy" and self._numpy is None:
+            raise ValueError(
+                "backend='numpy' needs both networks on the CPU in float32/float64, made of "
+                "Linear/NoisyLinear layers and elementwise activations: use 'auto' or 'torch'"
+            )
+        self.backend: Literal["torch", "numpy"] = "numpy" if self._numpy else "torch"
 
     def loss_fn(self, q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.loss_name == "huber":
@@ -106,6 +130,8 @@ class Learner:
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
+        if self._numpy is not None:
+            return self._numpy.update(batch)
         self._acting_noise.save()
         for layer in self._noisy:  # online first, then target: independent draws
             layer.reset_noise()
@@ -172,3 +198,90 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+
+
+class _NumpyUpdate:
+    """:meth:`Learner.update` computed by numpy programs (:mod:`agent.numpy_grad`).
+
+    The same steps in the same order as the autograd path: fresh noise for both
+    networks (drawn by the layers themselves, so both paths see the same noise),
+    the double-DQN target from the target network, the loss's gradient by hand, then
+    the learner's own optimizer (clipping and Adam in PyTorch, on the same flat
+    buffers that the gradients were written into).
+    """
+
+    def __init__(self, learner: Learner, online: NumpyGrad, target: NumpyGrad) -> None:
+        self.learner = learner
+        self.online = online
+        self.target = target
+        self._sums = learner._sums.numpy()  # the running metric sums, a view
+        self._flat_grad = learner.optimizer.flat_grad.numpy()  # every gradient, a view
+
+    @classmethod
+    def build(cls, learner: Learner) -> _NumpyUpdate | None:
+        optimizer = learner.optimizer
+        if learner._sums.device.type != "cpu":
+            return None
+        sink = GradientSink(optimizer.params, [g.detach().numpy() for g in optimizer.grads],
+                            optimizer.has_grad)  # fmt: skip
+        online = NumpyGrad.build(learner.q_network, sink)
+        target = NumpyGrad.build(learner.target_network)
+        if online is None or target is None:
+            return None
+        return cls(learner, online, target)
+
+    def update(self, batch: BatchLike) -> torch.Tensor:
+        # A diverging run gets NaN and inf here as in torch, silently: metrics() reports it.
+        with np.errstate(all="ignore"):
+            return self._update(batch)
+
+    def _update(self, batch: BatchLike) -> torch.Tensor:
+        learner = self.learner
+        learner._acting_noise.save()
+        for layer in learner._noisy:  # online first, then target: as the autograd path
+            layer.reset_noise()
+        obs, next_obs = batch.obs.numpy(), batch.next_obs.numpy()
+        actions = batch.actions.numpy()
+        batch_size = len(actions)
+        rows = np.arange(batch_size)
+
+        # One online forward over obs and next_obs together (the same noise for both, as
+        # the autograd path); backward reads only obs's rows of it.
+        q_both = self.online.forward(np.concatenate([obs, next_obs]), tape=True)  # (2B, A)
+        q, q_next_online = q_both[:batch_size], q_both[batch_size:]
+        q_next_target = self.target.forward(next_obs)  # (B, A)
+        chooser = q_next_online if learner.double_dqn else q_next_target
+        next_q = q_next_target[rows, chooser.argmax(axis=1)]  # (B,)
+        dones = batch.dones.numpy()
+        target = batch.rewards.numpy() + batch.discounts.numpy() * (1.0 - dones) * next_q
+        q_taken = q[rows, actions]  # (B,)
+
+        # The loss (mean over the batch) and its gradient with respect to q.
+        diff = q_taken - target  # (B,)
+        if learner.loss_name == "huber":
+            delta = learner.huber_delta
+            grad_taken = np.minimum(np.maximum(diff, -delta), delta)  # clip(diff, -d, d)
+            # clip * (diff - clip / 2) is diff^2 / 2 inside [-d, d], d (|diff| - d / 2) outside
+            loss = np.dot(grad_taken, diff - 0.5 * grad_taken) / batch_size
+        else:
+            loss = np.dot(diff, diff) / batch_size
+            grad_taken = 2.0 * diff
+        grad_q = np.zeros_like(q)
+        grad_q[rows, actions] = grad_taken / batch_size
+
+        learner.optimizer.zero_grad()
+        self.online.backward(grad_q)
+        if learner.max_grad_norm is not None:
+            # clip_grad_norm_'s rule on the flat buffer, without its torch ops' fixed cost
+            flat = self._flat_grad
+            scale = learner.max_grad_norm / (np.sqrt(np.dot(flat, flat)) + 1e-6)
+            if scale < 1.0:
+                flat *= scale
+        learner.optimizer.step()
+        learner._acting_noise.restore()
+
+        self._sums[0] += loss
+        self._sums[1] += q_taken.sum() / batch_size
+        learner._count += 1
+        learner.updates += 1
+        return torch.from_numpy(np.asarray(loss, dtype=q.dtype))

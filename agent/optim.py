@@ -88,7 +88,8 @@ class Adam:
         self._has_grad = [False] * len(self.params)
         flags = self._has_grad
         for i, p in enumerate(self.params):
-            p.register_post_accumulate_grad_hook(lambda _, i=i: flags.__setitem__(i, True))
+            if p.requires_grad:  # (a frozen parameter takes no hook; it gets no gradient)
+                p.register_post_accumulate_grad_hook(lambda _, i=i: flags.__setitem__(i, True))
         self.zero_grad()
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -97,6 +98,20 @@ class Adam:
             views.append(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         return views
+
+    @property
+    def grads(self) -> list[torch.Tensor]:
+        """Each parameter's gradient: views of the one flat buffer, in ``params`` order."""
+        return self._grads
+
+    @property
+    def has_grad(self) -> list[bool]:
+        """Which parameters received a gradient since :meth:`zero_grad` (the list itself).
+
+        Autograd's hooks set these; code that writes into :attr:`grads` without
+        autograd (the learner's numpy path) sets them too, or the step skips it.
+        """
+        return self._has_grad
 
     def zero_grad(self) -> None:
         """Zero the flat gradient buffer (one op) and point every ``.grad`` at its view."""

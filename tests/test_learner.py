@@ -12,6 +12,8 @@ from agent.learner import Learner, NonFiniteError, td_target
 from agent.networks import QNetwork
 from agent.replay import Batch
 
+BACKENDS = ["torch", "numpy"]
+
 
 def _batch(
     b: int = 16, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
@@ -44,7 +46,8 @@ def test_terminal_transitions_bootstrap_nothing_and_truncated_ones_do() -> None:
 
 
 def test_double_dqn_values_the_online_argmax_with_the_target_net() -> None:
-    learner = _learner(lr=1e-12)
+    # The autograd path, through its loss seam; the numpy path is held equal to it below.
+    learner = _learner(lr=1e-12, backend="torch")
     online, target = learner.q_network, learner.target_network
     # Make the two networks disagree strongly about the best next action.
     with torch.no_grad():
@@ -74,8 +77,10 @@ def test_double_dqn_values_the_online_argmax_with_the_target_net() -> None:
     assert not torch.allclose(next_q, plain_q), "the test needs the nets to disagree"
 
 
-def test_update_reduces_loss_on_a_fixed_batch_and_touches_mu_and_sigma() -> None:
-    learner = _learner(lr=3e-3, max_grad_norm=None)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_update_reduces_loss_on_a_fixed_batch_and_touches_mu_and_sigma(backend: str) -> None:
+    learner = _learner(lr=3e-3, max_grad_norm=None, backend=backend)
+    assert learner.backend == backend
     batch = _batch(b=32)
     before = [p.detach().clone() for p in learner.q_network.parameters()]
     losses = [learner.update(batch).item() for _ in range(200)]
@@ -85,8 +90,9 @@ def test_update_reduces_loss_on_a_fixed_batch_and_touches_mu_and_sigma() -> None
     assert learner.updates == 200
 
 
-def test_gradient_clipping_bounds_the_step() -> None:
-    learner = _learner(lr=1.0, max_grad_norm=1e-3)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_clipping_bounds_the_step(backend: str) -> None:
+    learner = _learner(lr=1.0, max_grad_norm=1e-3, backend=backend)
     batch = _batch()
     big = Batch(*batch[:2], batch.rewards * 1e6, *batch[3:])
     learner.update(big)
@@ -96,7 +102,8 @@ def test_gradient_clipping_bounds_the_step() -> None:
 
 
 def test_update_uses_fresh_noise_and_leaves_the_acting_noise_in_place() -> None:
-    learner = _learner()
+    # Forward hooks see the autograd path's noise; the numpy path draws the same (below).
+    learner = _learner(backend="torch")
     online, target = learner.q_network._noisy[0], learner.target_network._noisy[0]
     seen: dict[str, torch.Tensor] = {}
     online.register_forward_hook(lambda m, i, o: seen.update(online=m.weight_epsilon.clone()))
@@ -133,8 +140,10 @@ def test_hard_and_polyak_target_sync() -> None:
     assert all(not p.requires_grad for p in learner.target_network.parameters())
 
 
-def test_metrics_are_means_since_last_call_and_detect_divergence() -> None:
-    learner = _learner()
+@pytest.mark.filterwarnings("error")  # divergence is reported by metrics(), not by warnings
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_metrics_are_means_since_last_call_and_detect_divergence(backend: str) -> None:
+    learner = _learner(backend=backend)
     assert learner.metrics() is None
     losses = [learner.update(_batch(seed=i)).item() for i in range(4)]
     m = learner.metrics()
@@ -148,8 +157,9 @@ def test_metrics_are_means_since_last_call_and_detect_divergence() -> None:
     assert not learner.parameters_finite()
 
 
-def test_optimizer_state_round_trip() -> None:
-    a, b = _learner(), _learner()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_optimizer_state_round_trip(backend: str) -> None:
+    a, b = _learner(backend=backend), _learner(backend=backend)
     for i in range(3):
         a.update(_batch(seed=i))
     b.q_network.load_state_dict(a.q_network.state_dict())
@@ -184,3 +194,107 @@ def test_update_on_meta_creates_nothing_elsewhere() -> None:
     assert loss.device.type == "meta"
     learner.sync_target()
     assert all(p.device.type == "meta" for p in learner.target_network.parameters())
+
+
+# --------------------------------------------------------------------------- #
+# The numpy path computes the autograd path's update                          #
+# --------------------------------------------------------------------------- #
+
+
+def _twin_learners(net: torch.nn.Module, **kw) -> tuple[Learner, Learner]:
+    """Two learners on identical copies of ``net``: autograd and numpy."""
+    learners = []
+    for backend in BACKENDS:
+        online = copy.deepcopy(net)
+        learners.append(Learner(online, copy.deepcopy(online), backend=backend, **kw))
+    return learners[0], learners[1]
+
+
+def _assert_same_learners(a: Learner, b: Learner) -> None:
+    tol = {"rtol": 1e-9, "atol": 1e-11}
+    for pa, pb in zip(a.q_network.parameters(), b.q_network.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, **tol)
+    for ba, bb in zip(a.q_network.buffers(), b.q_network.buffers(), strict=True):
+        assert torch.equal(ba, bb)  # the same acting noise, put back
+    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
+    torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], **tol)
+    torch.testing.assert_close(sa["exp_avg_sq"], sb["exp_avg_sq"], **tol)
+    assert torch.equal(sa["steps"], sb["steps"]) and a.updates == b.updates
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"double_dqn": False},
+        {"loss": "mse", "max_grad_norm": None},
+        {"huber_delta": 0.05, "max_grad_norm": 0.5},  # the Huber's linear part and clipping
+        {"noise": False},
+        {"tau": 0.1},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "defaults",
+)
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("noisy", ["all", "last", "none"])
+def test_numpy_updates_equal_autograd_updates(noisy: str, dueling: bool, kw: dict) -> None:
+    """Float64, 12 updates and target syncs: same parameters, moments, noise, metrics."""
+    torch.manual_seed(0)
+    net = QNetwork((4,), 3, (16, 8), noisy_layers=noisy, dueling=dueling, dtype=torch.float64)
+    a, b = _twin_learners(net, lr=1e-2, **kw)
+    assert (a.backend, b.backend) == ("torch", "numpy")
+    with torch.no_grad():  # make the online and target nets disagree (double DQN matters)
+        for learner in (a, b):
+            for p in learner.target_network.parameters():
+                p.mul_(-1.0)
+    for i in range(12):
+        batch = _batch(b=32, dtype=torch.float64, seed=i)
+        batch = Batch(batch.obs, batch.actions % 3, *batch[2:])
+        for learner in (a, b):
+            torch.manual_seed(100 + i)  # both draw their update noise from here
+            loss = learner.update(batch)
+            assert loss.dtype == torch.float64 and loss.shape == ()
+        if i % 4 == 3:
+            a.sync_target()
+            b.sync_target()
+    _assert_same_learners(a, b)
+    ma, mb = a.metrics(), b.metrics()
+    assert ma is not None and mb is not None
+    assert ma.td_loss == pytest.approx(mb.td_loss, rel=1e-9)
+    assert ma.q_values == pytest.approx(mb.q_values, rel=1e-9)
+
+
+def test_numpy_updates_leave_frozen_parameters_alone_as_autograd_does() -> None:
+    torch.manual_seed(0)
+    net = QNetwork((4,), 2, (16, 16), dtype=torch.float64)
+    net.head[0].weight_mu.requires_grad_(False)  # a frozen first layer (no bias frozen)
+    a, b = _twin_learners(net, lr=1e-2)
+    frozen = b.q_network.head[0].weight_mu.clone()
+    for i in range(3):
+        for learner in (a, b):
+            torch.manual_seed(i)
+            learner.update(_batch(dtype=torch.float64, seed=i))
+    assert torch.equal(b.q_network.head[0].weight_mu, frozen)
+    _assert_same_learners(a, b)
+
+
+def test_numpy_update_puts_the_acting_noise_back_in_place() -> None:
+    learner = _learner(backend="numpy")
+    buffers = [b for layer in learner.q_network._noisy for b in layer.buffers()]
+    acting = [b.clone() for b in buffers]
+    pointers = [b.data_ptr() for b in buffers]
+    learner.update(_batch())
+    assert all(torch.equal(a, b) for a, b in zip(acting, buffers, strict=True))
+    assert [b.data_ptr() for b in learner.q_network.buffers()] == pointers
+
+
+def test_auto_backend_is_numpy_for_cpu_mlps_and_autograd_elsewhere() -> None:
+    assert _learner().backend == "numpy"
+    assert _learner("meta").backend == "torch"
+    torch.manual_seed(0)
+    cnn = QNetwork((4, 84, 84), 3, (32,))
+    assert Learner(cnn, copy.deepcopy(cnn), lr=1e-3).backend == "torch"
+    assert _learner(backend="torch").backend == "torch"
+    with pytest.raises(ValueError, match="backend='numpy' needs"):
+        Learner(cnn, copy.deepcopy(cnn), lr=1e-3, backend="numpy")
+    with pytest.raises(ValueError, match="backend must be"):
+        _learner(backend="jax")

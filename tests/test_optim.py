@@ -240,3 +240,19 @@ def test_parameters_without_a_gradient_are_left_alone_like_torch_adam(fused: boo
     steps = _through_bytes(opt.state_dict())["steps"].tolist()
     ref_steps = [int(ref_opt.state[p]["step"]) for p in ref.parameters()]
     assert steps == ref_steps and steps[0] == 6 and steps[3] == 8
+
+
+def test_a_parameter_frozen_before_construction_is_accepted_and_left_alone() -> None:
+    # torch.optim.Adam accepts it; ours used to fail registering a hook on it.
+    ours, ref = _net(), _net()
+    for net in (ours, ref):
+        net[0].weight.requires_grad_(False)
+    opt = Adam(ours.parameters(), lr=1e-2, eps=1e-6)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-6)
+    x = torch.randn(16, 3, generator=torch.Generator().manual_seed(0))
+    for net, optimizer in ((ref, ref_opt), (ours, opt)):
+        optimizer.zero_grad()
+        (net(x) ** 2).sum().backward()
+        optimizer.step()
+    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -38,7 +38,7 @@ from torch import nn
 
 from agent.noisy import NoisyLinear
 
-__all__ = ["NumpyForward"]
+__all__ = ["NumpyForward", "trace_leaves"]
 
 
 class _NumpyLinear:
@@ -162,6 +162,11 @@ class _Tracer(fx.Tracer):
         )
 
 
+def trace_leaves(module: nn.Module) -> fx.Graph:
+    """``module``'s forward as an fx graph whose linear layers and activations are single nodes."""
+    return _Tracer().trace(module)
+
+
 class NumpyForward:
     """Q-values of a module as a numpy program over views of its live parameters.
 
@@ -209,7 +214,7 @@ class NumpyForward:
             return None
         dtype = np.dtype(np.float32 if tensors[0].dtype == torch.float32 else np.float64)
         try:
-            graph = _Tracer().trace(module)
+            graph = trace_leaves(module)
             return cls._compile(module, graph, dtype, rng)
         except Exception:  # a trace error, an unsupported node: the eager path reproduces it
             return None

@@ -1,0 +1,196 @@
+"""NumpyGrad: the numpy program's forward and gradients equal the module's and autograd's."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from agent.networks import QNetwork
+from agent.noisy import NoisyLinear, reset_noise, set_noise
+from agent.numpy_grad import GradientSink, NumpyGrad
+
+
+Compiled = tuple[NumpyGrad, list[nn.Parameter], list[torch.Tensor], list[bool]]
+
+
+def _compile(net: nn.Module) -> Compiled:
+    params = list(net.parameters())
+    grads = [torch.zeros_like(p) for p in params]
+    written = [False] * len(params)
+    program = NumpyGrad.build(net, GradientSink(params, [g.numpy() for g in grads], written))
+    assert program is not None
+    return program, params, grads, written
+
+
+def _check_against_autograd(net: nn.Module, in_features: int, rows: int = 7) -> None:
+    """Q values and d(sum(w * Q))/d(param) for random w: numpy == autograd (float64)."""
+    program, params, grads, written = _compile(net)
+    rng = np.random.default_rng(1)
+    # float32 observations for a QNetwork (its forward casts them), else the parameters' dtype
+    x = rng.standard_normal((rows, in_features)).astype(
+        np.float32 if isinstance(net, QNetwork) else np.float64
+    )
+    q = program.forward(x, tape=True)
+    weights = rng.standard_normal(q.shape)
+    program.backward(weights)
+    for p in params:
+        p.grad = None
+    expected = net(torch.from_numpy(x))
+    (expected * torch.from_numpy(weights)).sum().backward()
+    np.testing.assert_allclose(q, expected.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for p, g, w in zip(params, grads, written, strict=True):
+        if p.grad is None:  # not used by this forward (a sigma with the noise off), or frozen
+            assert not w and not g.any()
+        else:
+            assert w
+            np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("noise", [True, False])
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("noisy", ["all", "last", "none"])
+@pytest.mark.parametrize("hidden", [(16,), (32, 16)])
+def test_gradients_equal_autograd_for_every_qnetwork_mlp(
+    hidden: tuple[int, ...], noisy: str, dueling: bool, noise: bool
+) -> None:
+    torch.manual_seed(0)
+    net = QNetwork((5,), 4, hidden, noisy_layers=noisy, dueling=dueling, dtype=torch.float64)
+    reset_noise(net)
+    set_noise(net, noise)
+    _check_against_autograd(net, 5)
+
+
+class Residual(nn.Module):
+    """Functional calls, a residual, a layer used twice, constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = NoisyLinear(4, 16)
+        self.l2 = nn.Linear(16, 16)
+        self.out = NoisyLinear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.l1(x))
+        h = torch.tanh(self.l2(h)) + h
+        h = torch.sigmoid(self.l2(h)) * 2.0 - h / 3.0  # l2 again: its gradients add up
+        return -self.out(h).mul(0.5)
+
+
+USER_MODULES = {
+    "residual": Residual,
+    "activations": lambda: nn.Sequential(
+        NoisyLinear(4, 16),
+        nn.LeakyReLU(0.1),
+        nn.Linear(16, 16),
+        nn.ELU(0.7),
+        nn.Linear(16, 16),
+        nn.SiLU(),
+        nn.Flatten(),
+        NoisyLinear(16, 3),
+        nn.Tanh(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(USER_MODULES))
+def test_gradients_equal_autograd_for_users_modules(name: str) -> None:
+    torch.manual_seed(0)
+    net = USER_MODULES[name]().double()
+    _check_against_autograd(net, 4)
+
+
+def test_frozen_parameters_get_no_gradient() -> None:
+    torch.manual_seed(0)
+    net = QNetwork((5,), 4, (16, 16), noisy_layers="all", dtype=torch.float64)
+    net.head[0].weight_sigma.requires_grad_(False)
+    net.head[2].requires_grad_(False)
+    _check_against_autograd(net, 5)
+
+
+def test_float32_gradients_are_close_to_autograd() -> None:
+    torch.manual_seed(0)
+    net = QNetwork((5,), 4, (32, 32), noisy_layers="all", dueling=True)
+    program, params, grads, _ = _compile(net)
+    x = np.random.default_rng(0).standard_normal((9, 5)).astype(np.float32)
+    weights = np.random.default_rng(1).standard_normal((9, 4)).astype(np.float32)
+    assert program.forward(x, tape=True).dtype == np.float32
+    program.backward(weights)
+    (net(torch.from_numpy(x)) * torch.from_numpy(weights)).sum().backward()
+    for p, g in zip(params, grads, strict=True):
+        np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_forward_without_tape_leaves_the_taped_one_for_backward() -> None:
+    torch.manual_seed(0)
+    net = QNetwork((5,), 4, (16,), noisy_layers="none", dtype=torch.float64)
+    program, params, grads, _ = _compile(net)
+    rng = np.random.default_rng(0)
+    x, other = rng.standard_normal((6, 5)), rng.standard_normal((6, 5))
+    program.forward(x, tape=True)
+    program.forward(other)  # scratch room: the tape still holds x's values
+    program.backward(np.ones((6, 4)))
+    net(torch.from_numpy(x)).sum().backward()
+    for p, g in zip(params, grads, strict=True):
+        np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-12)
+
+
+def test_parameters_are_live_views() -> None:
+    torch.manual_seed(0)
+    net = QNetwork((5,), 4, (16,), dtype=torch.float64)
+    program = NumpyGrad.build(net)
+    assert program is not None
+    x = np.ones((2, 5))
+    other = QNetwork((5,), 4, (16,), dtype=torch.float64)
+    net.load_state_dict(other.state_dict())  # in place: the program sees it
+    with torch.no_grad():
+        np.testing.assert_allclose(program.forward(x), net(torch.from_numpy(x)).numpy())
+    with pytest.raises(RuntimeError, match="without a gradient sink"):
+        program.backward(np.ones((2, 4)))
+
+
+class MeanOverBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.l1(x)
+        return y - y.mean(dim=0)  # mixes rows: not differentiated here
+
+
+class Sorted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(self.l1(x), dim=1).values
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: QNetwork((4, 84, 84), 3, (32,)),  # convolutions
+        MeanOverBatch,
+        Sorted,
+        lambda: QNetwork((5,), 3, (8,)).to("meta"),
+        lambda: QNetwork((5,), 3, (8,), dtype=torch.float16),
+    ],
+    ids=["cnn", "mean_over_batch", "sort", "meta", "float16"],
+)
+def test_what_it_cannot_reproduce_returns_none(make) -> None:  # type: ignore[no-untyped-def]
+    assert NumpyGrad.build(make()) is None
+
+
+def test_every_network_of_the_learner_tests_compiles() -> None:
+    # The learner's auto backend relies on every MLP QNetwork compiling.
+    for hidden, noisy, dueling in itertools.product([(), (8,), (8, 8, 8)], ["all", "last", "none"],
+                                                    [False, True]):  # fmt: skip
+        if dueling and not hidden:
+            continue
+        net = QNetwork((3,), 2, hidden, noisy_layers=noisy, dueling=dueling)
+        assert NumpyGrad.build(net) is not None, (hidden, noisy, dueling)
