@@ -51,7 +51,8 @@ class Config:
     dtype: Literal["float32", "float64"] = "float32"
     """Floating-point precision of the networks and of the replay batches."""
     torch_threads: int = 1
-    """Intra-op threads on CPU. One is fastest for small networks and robust under load."""
+    """Intra-op threads on CPU, for torch and numpy's BLAS alike. One is fastest for small
+    networks and robust under load."""
 
     # --- network ---
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import yaml
+from threadpoolctl import threadpool_limits
 
 from agent.acting import ActionSelector
 from agent.checkpoint import (
@@ -253,6 +254,10 @@ def train(
         torch.set_flush_denormal(True)
     seed_everything(cfg.seed)
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
+        if device.type == "cpu":
+            # numpy's BLAS (the learner's numpy path) gets the same threads as torch: a
+            # multi-threaded OpenBLAS made small updates 30x slower on a busy 2-core machine.
+            cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
         envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs)
         cleanup.callback(_close_quietly, envs)
         # Evaluation plays up to EVAL_BATCH episodes at once on its own env copies.

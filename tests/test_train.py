@@ -562,3 +562,33 @@ def test_capture_graph_reaches_both_selectors() -> None:
         cfg = load_config("CartPole-v1", overrides={"capture_graph": flag, "device": "cpu"})
         agent = build_agent(cfg, spec, torch.device("cpu"), eval_envs=2)
         assert agent.selector.capture_graph is flag and agent.greedy.capture_graph is flag
+
+
+def test_training_limits_numpy_blas_to_torch_threads_and_restores_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The learner's numpy path runs BLAS matmuls of 32-64 rows: a thread per core beside
+    # other busy processes made each update ~30x slower. train() is also called from
+    # sweeps' workers and notebooks, where run.py's OPENBLAS_NUM_THREADS never applies.
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import agent.learner as learner_module
+
+    def blas_threads() -> set[int]:
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+    seen: list[set[int]] = []
+    real = learner_module.Learner.update
+
+    def spy(self, batch):  # type: ignore[no-untyped-def]
+        seen.append(blas_threads())
+        return real(self, batch)
+
+    monkeypatch.setattr(learner_module.Learner, "update", spy)
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 400, "torch_threads": 1})
+    with threadpool_limits(3, user_api="blas"):
+        if blas_threads() != {3}:
+            pytest.skip("numpy's BLAS here does not report its threads")
+        train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+        assert seen and all(s == {1} for s in seen)
+        assert blas_threads() == {3}  # put back for the caller
