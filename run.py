@@ -12,6 +12,7 @@ Every user error ends in one line naming the problem and the fix, with exit stat
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -388,5 +389,28 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
 
 
+def _import_torch() -> None:
+    """Import torch with the cyclic garbage collector paused, and freeze what it made.
+
+    torch's import creates some 200k objects that live as long as the process; full
+    collections during the import, and every one after it, would walk them all again
+    to find nothing (docs/benchmarks.md has what this saves).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import torch  # noqa: F401
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if not {"-h", "--help", "--list-config"} & set(sys.argv):
+        _import_torch()
+    code = main()
+    # The process ends here: the collections at interpreter shutdown would walk every
+    # object made since (gymnasium, tensorboard, the run's own) for garbage nobody needs.
+    gc.freeze()
+    sys.exit(code)

@@ -592,3 +592,20 @@ def test_training_limits_numpy_blas_to_torch_threads_and_restores_it(
         train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
         assert seen and all(s == {1} for s in seen)
         assert blas_threads() == {3}  # put back for the caller
+
+
+def test_cli_imports_torch_with_the_collector_paused_and_restores_it() -> None:
+    # torch's ~200k long-lived objects are frozen (no collection walks them again), and
+    # the collector's switch is left as it was.
+    code = (
+        "import gc, sys, run\n"
+        "for enabled in (True, False):\n"
+        "    (gc.enable if enabled else gc.disable)()\n"
+        "    run._import_torch()\n"
+        "    frozen = gc.get_freeze_count() > 10_000\n"
+        "    print(gc.isenabled() == enabled, frozen, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["True"] * 6, out.stderr
