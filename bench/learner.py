@@ -1,4 +1,4 @@
-"""Benchmark: what one learner update costs, and what agent/optim.py saves per update.
+"""Benchmark: what one learner update costs, by backend, and where the time goes.
 
     python bench/learner.py                      # the CartPole config: 4-128-128-2, batch 32
     python bench/learner.py --noisy-layers all   # every layer noisy
@@ -6,13 +6,15 @@
 Times, as medians of single calls (repeats interleaved, so drift hits every variant):
 
 * ``Learner.update``: the whole gradient step training runs (noise resets, online
-  and target forward, double-DQN target, Huber loss, backward, clip, Adam);
-* its phases, each timed alone;
+  and target forward, double-DQN target, Huber loss, backward, clip, Adam), with
+  each backend: ``numpy`` (agent/numpy_grad.py, what training on a CPU uses) and
+  ``torch`` (autograd);
+* the autograd update's phases, each timed alone;
 * the optimizer part two ways, each with the same forward and backward:
   ``torch.optim.Adam(fused=True)`` + ``clip_grad_norm_`` + ``zero_grad(set_to_none)``,
   against ``agent.optim.Adam`` (one fused kernel call, one flat gradient buffer).
 
-One torch thread and denormals flushed, as training runs on CPU.
+One torch thread, one BLAS thread and denormals flushed, as training runs on CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,13 +62,16 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     torch.set_num_threads(1)
+    threadpool_limits(1, user_api="blas")
     torch.set_flush_denormal(True)
     device = torch.device("cpu")
     torch.manual_seed(0)
     net = QNetwork(
         (4,), 2, args.hidden, noisy_layers=args.noisy_layers, sigma0=args.sigma0, device=device
     )
-    learner = Learner(net, copy.deepcopy(net), lr=1e-4)
+    learner = Learner(net, copy.deepcopy(net), lr=1e-4, backend="torch")
+    net_np = copy.deepcopy(net)
+    learner_np = Learner(net_np, copy.deepcopy(net_np), lr=1e-4, backend="numpy")
     batch = make_batch(args.batch, device)
     both = torch.cat([batch.obs, batch.next_obs])
 
@@ -107,7 +113,8 @@ def main() -> int:
         learner.target_network.reset_noise()
 
     variants = {
-        "Learner.update (all of it)": lambda: learner.update(batch),
+        "Learner.update, numpy backend (all of it)": lambda: learner_np.update(batch),
+        "Learner.update, torch backend (all of it)": lambda: learner.update(batch),
         "  noise resets (online + target)": noise_resets,
         "  online forward (2B rows)": online_forward,
         "  target forward (B rows, no grad)": target_forward,
@@ -140,6 +147,10 @@ def main() -> int:
     old = medians["fwd+bwd+clip+step, torch.optim.Adam(fused)"]
     new = medians["fwd+bwd+clip+step, agent.optim.Adam"]
     print(f"\nagent.optim.Adam saves {old - new:.0f} us per update ({old / new:.2f}x on that part)")
+    autograd = medians["Learner.update, torch backend (all of it)"]
+    ours = medians["Learner.update, numpy backend (all of it)"]
+    print(f"the numpy backend takes {ours:.0f} us per update against autograd's {autograd:.0f} "
+          f"({autograd / ours:.2f}x faster)")
     return 0
 
 
