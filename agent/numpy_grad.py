@@ -541,9 +541,9 @@ def _mean_node(
 ) -> _Node:
     dim = kwargs.pop("dim", args[1].value if len(args) > 1 else None)
     keepdim = bool(kwargs.pop("keepdim", args[2].value if len(args) > 2 else False))
-    if kwargs or not isinstance(dim, int) or dim == 0:
-        # Over the batch (or everything) would mix rows: the learner's two forwards
-        # (obs, next_obs) would then differ from one forward of both.
+    if kwargs or not isinstance(dim, int) or dim == 0 or dim <= -2:
+        # Over the batch (dim 0, or -2 of a matrix) or everything would mix rows, which
+        # backward over the first rows of a forward (the learner's obs) assumes never happens.
         raise _Unsupported(f"mean over dim={dim}")
     source = args[:1]
 

@@ -153,13 +153,14 @@ def test_parameters_are_live_views() -> None:
 
 
 class MeanOverBatch(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, dim: int = 0) -> None:
         super().__init__()
         self.l1 = nn.Linear(4, 3)
+        self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.l1(x)
-        return y - y.mean(dim=0)  # mixes rows: not differentiated here
+        return y - y.mean(dim=self.dim)  # mixes rows: not differentiated here
 
 
 class Sorted(nn.Module):
@@ -176,11 +177,12 @@ class Sorted(nn.Module):
     [
         lambda: QNetwork((4, 84, 84), 3, (32,)),  # convolutions
         MeanOverBatch,
+        lambda: MeanOverBatch(-2),
         Sorted,
         lambda: QNetwork((5,), 3, (8,)).to("meta"),
         lambda: QNetwork((5,), 3, (8,), dtype=torch.float16),
     ],
-    ids=["cnn", "mean_over_batch", "sort", "meta", "float16"],
+    ids=["cnn", "mean_over_batch", "mean_over_dim_-2", "sort", "meta", "float16"],
 )
 def test_what_it_cannot_reproduce_returns_none(make) -> None:  # type: ignore[no-untyped-def]
     assert NumpyGrad.build(make()) is None
