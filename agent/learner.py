@@ -222,8 +222,8 @@ class _NumpyUpdate:
         optimizer = learner.optimizer
         if learner._sums.device.type != "cpu":
             return None
-        sink = GradientSink(optimizer.params, [g.detach().numpy() for g in optimizer.grads],
-                            optimizer.has_grad)  # fmt: skip
+        views = [g.detach().numpy() for g in optimizer.grads]
+        sink = GradientSink(optimizer.params, views, optimizer.has_grad)
         online = NumpyGrad.build(learner.q_network, sink)
         target = NumpyGrad.build(learner.target_network)
         if online is None or target is None:
