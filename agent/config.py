@@ -126,6 +126,10 @@ class Config:
     """Episodes per periodic evaluation."""
     confirm_episodes: int = 100
     """Episodes of the confirming evaluation before an early stop (0: stop on the periodic one)."""
+    confirm_z: float = 1.645
+    """The confirming mean minus confirm_z standard errors must reach target_return: 1.645
+    is a one-sided 95% confidence that the policy, not the luck of its episodes, is at the
+    target (0: the mean alone)."""
     early_stop: bool = True
     """Stop when the confirmed noise-free evaluation reaches target_return."""
     target_return: float | None = None
@@ -217,6 +221,7 @@ class Config:
             self.confirm_episodes >= 0,
             f"confirm_episodes must be >= 0, got {self.confirm_episodes}",
         )
+        need(self.confirm_z >= 0, f"confirm_z must be >= 0, got {self.confirm_z}")
         need(self.log_interval >= 1, f"log_interval must be >= 1, got {self.log_interval}")
         need(
             self.checkpoint_interval >= 1,

@@ -29,6 +29,12 @@ class EvalResult:
     def std(self) -> float:
         return float(self.returns.std())
 
+    @property
+    def standard_error(self) -> float:
+        """Standard error of the mean return (sample std / sqrt(episodes); 0 for one episode)."""
+        n = len(self.returns)
+        return float(self.returns.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+
 
 def run_episodes(
     policy: Callable[[np.ndarray], np.ndarray],

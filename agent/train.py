@@ -355,14 +355,18 @@ def train(
                 return False
             if not cfg.confirm_episodes:
                 return True
-            # Short evaluations near the threshold overstate a policy: confirm on fresh episodes.
+            # Short evaluations near the threshold overstate a policy: confirm on fresh
+            # episodes, with confidence. A policy whose true mean sits at the target passes a
+            # bare-mean confirmation half the time and then scores below it in a fresh round.
             confirmed = run_episodes(
                 greedy, eval_envs, cfg.confirm_episodes, seed=cfg.seed,
                 round_index=counters.eval_round,
-            ).mean
+            )
             counters.eval_round += 1
-            monitor.scalars(step, {"eval/confirm_mean_return": confirmed})
-            return confirmed >= target_return
+            lower = confirmed.mean - cfg.confirm_z * confirmed.standard_error
+            monitor.scalars(step, {"eval/confirm_mean_return": confirmed.mean,
+                                   "eval/confirm_lower_bound": lower})
+            return lower >= target_return
 
         monitor = Monitor(run_dir, cfg.total_steps, counters.global_step, progress)
         cleanup.callback(_close_quietly, monitor)  # flushes the events, whatever happens

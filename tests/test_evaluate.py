@@ -58,3 +58,11 @@ def test_round_and_stream_change_the_episodes() -> None:
     again = run_episodes(policy, env, 20, seed=0, round_index=0).returns
     np.testing.assert_array_equal(a, again)
     assert not np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_standard_error_is_the_sample_std_over_sqrt_episodes() -> None:
+    from agent.evaluate import EvalResult
+
+    result = EvalResult(np.array([1.0, 3.0, 5.0, 7.0]), np.ones(4, dtype=np.int64))
+    assert result.standard_error == pytest.approx(np.std([1, 3, 5, 7], ddof=1) / 2)
+    assert EvalResult(np.array([2.0]), np.ones(1, dtype=np.int64)).standard_error == 0.0

@@ -609,3 +609,35 @@ def test_cli_imports_torch_with_the_collector_paused_and_restores_it() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.stdout.split() == ["True"] * 6, out.stderr
+
+
+@pytest.mark.parametrize("confirm_z", [1.645, 0.0])
+def test_early_stop_needs_the_confirming_mean_above_target_with_confidence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, confirm_z: float
+) -> None:
+    # A policy that only grazes the target: every 10-episode evaluation reaches it, and the
+    # confirming 20 episodes average just above it with a wide spread (mean 4.6, standard
+    # error 0.18 > (4.6 - 4.5) / 1.645). With confidence the run trains on; with the bare
+    # mean (confirm_z = 0) it stops at the first evaluation.
+    import agent.train as train_module
+    from agent.evaluate import EvalResult
+
+    def grazing(policy, envs, episodes, *, seed, round_index=0, **kw):  # type: ignore[no-untyped-def]
+        if episodes == 10:
+            returns = np.full(10, 4.6)
+        else:
+            returns = np.array([5.0, 4.2] * (episodes // 2))  # mean 4.6, std 0.4
+        return EvalResult(returns, np.full(episodes, 5, dtype=np.int64))
+
+    monkeypatch.setattr(train_module, "run_episodes", grazing)
+    cfg = load_config(
+        "envs.testing:NoisyDQN/Cue-v0",
+        overrides={**SHORT, "total_steps": 1_000, "early_stop": True, "eval_interval": 250,
+                   "eval_episodes": 10, "confirm_episodes": 20, "confirm_z": confirm_z},
+    )
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    if confirm_z:
+        assert result.status == "finished" and result.solved_step is None
+        assert result.global_step == 1_000
+    else:
+        assert result.status == "solved" and result.solved_step == 250
