@@ -32,7 +32,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from agent.acting.numpy_forward import trace_leaves
+from agent.acting.numpy_forward import cast_target, cpu_float_dtype, trace_leaves
 from agent.noisy import NoisyLinear
 
 __all__ = ["GradientSink", "NumpyGrad"]
@@ -277,21 +277,9 @@ class NumpyGrad:
         ``sink``: where :meth:`backward` writes; ``None`` for a forward-only program
         (a target network).
         """
-        tensors = [*module.parameters(), *module.buffers()]
-        dtypes = {t.dtype for t in tensors}
-        if (
-            not tensors
-            or len(dtypes) != 1
-            or next(iter(dtypes))
-            not in (
-                torch.float32,
-                torch.float64,
-            )
-        ):
+        dtype = cpu_float_dtype(module)
+        if dtype is None:
             return None
-        if any(t.device.type != "cpu" for t in tensors):
-            return None
-        dtype = np.dtype(np.float32 if tensors[0].dtype == torch.float32 else np.float64)
         try:
             graph = trace_leaves(module)
             return cls._compile(module, graph, dtype, sink)
@@ -363,7 +351,7 @@ class NumpyGrad:
             elif node.op == "call_method" and node.target == "mean":
                 nodes.append(_mean_node(out, args, dict(node.kwargs), needs_grad))
             elif node.op == "call_method" and node.target in ("to", "float", "double"):
-                target = _cast_target(node)
+                target = cast_target(node)
                 if target == dtype:
                     slot[node] = args[0]  # already in the parameters' dtype: nothing to do
                     continue
@@ -561,18 +549,6 @@ def _mean_node(
         backward,
         _grad_flags(source, needs_grad),
     )
-
-
-def _cast_target(node: fx.Node) -> np.dtype:
-    args, kwargs = list(node.args), dict(node.kwargs)
-    target = {"float": torch.float32, "double": torch.float64}.get(str(node.target))
-    if node.target == "to":
-        target = kwargs.pop("dtype", None) or (args.pop(1) if len(args) > 1 else None)
-        if kwargs or len(args) != 1:
-            raise _Unsupported(f"to({node.args}, {node.kwargs})")
-    if target not in (torch.float32, torch.float64):
-        raise _Unsupported(f"cast to {target}")
-    return np.dtype(np.float32 if target == torch.float32 else np.float64)
 
 
 def _fresh_linear_output(module: nn.Module, arg: Any) -> bool:

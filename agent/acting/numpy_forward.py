@@ -38,7 +38,7 @@ from torch import nn
 
 from agent.noisy import NoisyLinear
 
-__all__ = ["NumpyForward", "trace_leaves"]
+__all__ = ["NumpyForward", "cast_target", "cpu_float_dtype", "trace_leaves"]
 
 
 class _NumpyLinear:
@@ -162,6 +162,32 @@ class _Tracer(fx.Tracer):
         )
 
 
+def cpu_float_dtype(module: nn.Module) -> np.dtype | None:
+    """The numpy dtype of a module whose tensors are all on the CPU in one of float32 and
+    float64 (what the numpy programs run on), else None."""
+    tensors = [*module.parameters(), *module.buffers()]
+    dtypes = {t.dtype for t in tensors}
+    if not tensors or len(dtypes) != 1 or next(iter(dtypes)) not in (torch.float32, torch.float64):
+        return None
+    if any(t.device.type != "cpu" for t in tensors):
+        return None
+    return np.dtype(np.float32 if tensors[0].dtype == torch.float32 else np.float64)
+
+
+def cast_target(node: fx.Node) -> np.dtype:
+    """The dtype a traced ``.to(dtype)`` / ``.float()`` / ``.double()`` casts to (float32
+    or float64 only; any other cast, or a ``.to`` that also moves, is unsupported)."""
+    args, kwargs = list(node.args), dict(node.kwargs)
+    target = {"float": torch.float32, "double": torch.float64}.get(str(node.target))
+    if node.target == "to":
+        target = kwargs.pop("dtype", None) or (args.pop(1) if len(args) > 1 else None)
+        if kwargs or len(args) != 1:
+            raise _Unsupported(f"to({node.args}, {node.kwargs})")
+    if target not in (torch.float32, torch.float64):
+        raise _Unsupported(f"cast to {target}")
+    return np.dtype(np.float32 if target == torch.float32 else np.float64)
+
+
 def trace_leaves(module: nn.Module) -> fx.Graph:
     """``module``'s forward as an fx graph whose linear layers and activations are single nodes."""
     return _Tracer().trace(module)
@@ -203,16 +229,9 @@ class NumpyForward:
     @classmethod
     def build(cls, module: nn.Module, rng: np.random.Generator) -> NumpyForward | None:
         """Trace and compile ``module``; ``None`` if any part is outside what compiles."""
-        tensors = [*module.parameters(), *module.buffers()]
-        dtypes = {t.dtype for t in tensors}
-        if not tensors or len(dtypes) != 1 or next(iter(dtypes)) not in (
-            torch.float32,
-            torch.float64,
-        ):
+        dtype = cpu_float_dtype(module)
+        if dtype is None:
             return None
-        if any(t.device.type != "cpu" for t in tensors):
-            return None
-        dtype = np.dtype(np.float32 if tensors[0].dtype == torch.float32 else np.float64)
         try:
             graph = trace_leaves(module)
             return cls._compile(module, graph, dtype, rng)
@@ -270,14 +289,8 @@ class NumpyForward:
             elif node.op == "call_method" and node.target in _METHODS:
                 fn = _METHODS[node.target]
             elif node.op == "call_method" and node.target in ("to", "float", "double"):
-                target = {"float": torch.float32, "double": torch.float64}.get(node.target)
-                if node.target == "to":
-                    target = kwargs.pop("dtype", None) or (args.pop(1) if len(args) > 1 else None)
-                    if kwargs or len(args) != 1:
-                        raise _Unsupported(f"to({node.args}, {node.kwargs})")
-                if target not in (torch.float32, torch.float64):
-                    raise _Unsupported(f"cast to {target}")
-                cast = np.dtype(np.float32 if target == torch.float32 else np.float64)
+                cast = cast_target(node)
+                args, kwargs = args[:1], {}
                 fn = _caster(cast)
             else:
                 raise _Unsupported(f"{node.op} {node.target}")
