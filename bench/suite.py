@@ -300,7 +300,7 @@ def print_comparison(envs: list[str], thresholds: dict[str, tuple[float | None, 
             solved_cell = f"{sn}/{nn} / {se}/{ne}"
             steps_cell = f"{fmt_steps(c['steps'][0])} / {fmt_steps(c['steps'][1])}"
             rlo, rhi = c["solved_diff_ci"]
-            rate_cell = f"{sn / nn - se / ne:+.1f} [{rlo:+.1f}, {rhi:+.1f}]"
+            rate_cell = f"{sn / nn - se / ne:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
         config = "default.yaml" if env_config_file(env_id) is None else \
             env_config_file(env_id).name
         print(f"| {env_id} | {config} | {solved_cell} | {steps_cell} | {iqm_cell} | "
