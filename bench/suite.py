@@ -2,15 +2,26 @@
 
     python bench/suite.py --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/
 
-For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (``--envs`` picks), every
-seed a separate process, timed as a whole (start-up included):
+For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (the default ``--envs``), or any
+other registered gymnasium id with discrete actions given to ``--envs`` (issue 12's
+generality goal: envs with no YAML of their own, which run on ``configs/default.yaml``
+alone), every seed a separate process, timed as a whole (start-up included):
 
 * ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else.
 * ``epsilon``: the same command with ``--set exploration=epsilon --set
   noisy_layers=none``: the same network and learner without noise, epsilon-greedy.
-* ``sb3`` (when stable-baselines3 is installed): SB3's DQN with the rl-zoo3 2.9.2
-  hyperparameters for the env (``bench/cartpole.py`` runs it), for the zoo's step
-  budget.
+* ``sb3`` (when stable-baselines3 is installed, for the three envs above only):
+  SB3's DQN with the rl-zoo3 2.9.2 hyperparameters for the env (``bench/cartpole.py``
+  runs it), for the zoo's step budget.
+
+The threshold of an env is the one in ``THRESHOLD`` (the three above), else the one in
+``THRESHOLD_TABLE`` (with its reason), else gymnasium's registered ``reward_threshold``;
+an env with none (Blackjack-v1) gets no solve rate and no steps to solve, only the
+final returns. Each env's header says which config files its runs used. After the
+per-env tables, one table compares the default command with its epsilon-greedy ablation
+env by env (the issue's "at least as well as the epsilon-greedy ablation of itself"):
+solve rates, median steps to solve, and the final-return IQM, with 95% bootstrap CIs of
+the differences (noisy minus epsilon, seeds resampled within each agent).
 
 "Solved" = the final policy's noise-free 100-episode mean reaches the env's
 reward threshold (ours stop early once a 10-episode evaluation reaches it and a
@@ -34,6 +45,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
 from cartpole import parse_seeds, run_ours, run_sb3
 
+from agent.config import env_config_file
 from agent.sweep import bootstrap_ci, iqm
+from agent.sweep.stats import _iqm_rows
 
 # rl-zoo3 2.9.2 hyperparams/dqn.yml (n_timesteps is the step budget).
 SB3_ZOO = {
@@ -78,36 +92,140 @@ SB3_ZOO = {
 }
 SB3_EVAL_EVERY = {"CartPole-v1": 1_000, "Acrobot-v1": 5_000, "MountainCar-v0": 5_000}
 THRESHOLD = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
+# Other envs: gymnasium's registered reward_threshold, except where this table says
+# otherwise (threshold or None, and why). Our agents' early stop still uses the
+# registered one (target_return: null), as the default command does.
+THRESHOLD_TABLE: dict[str, tuple[float | None, str]] = {
+    "Taxi-v4": (None, "its registered 8 is above the optimal policy's mean return, 7.93 "
+                "(value iteration on the env's transition table, 200-step limit): a "
+                "100-episode mean reaches 8 by luck"),
+}
 EPSILON = ["--set", "exploration=epsilon", "--set", "noisy_layers=none"]
 AGENTS = ("noisy (ours, default command)", "epsilon-greedy (ours, same config)",
           "sb3 DQN (rl-zoo3)")
+
+
+def threshold_of(env_id: str) -> tuple[float | None, str]:
+    """The return that counts as solved on ``env_id`` (None: no threshold), and where it
+    comes from; raises ``gymnasium.error.Error`` for an id gymnasium does not know."""
+    if env_id in THRESHOLD:
+        return THRESHOLD[env_id], "issue 12"
+    if env_id in THRESHOLD_TABLE:
+        value, why = THRESHOLD_TABLE[env_id]
+        return value, why
+    import gymnasium as gym
+
+    registered = gym.spec(env_id).reward_threshold
+    if registered is None:
+        return None, "none registered"
+    return float(registered), "registered reward_threshold"
+
+
+def config_used(env_id: str) -> str:
+    """Which config files ``python run.py --env ENV_ID`` resolves (besides --set)."""
+    env_file = env_config_file(env_id)
+    if env_file is None:
+        return "configs/default.yaml alone (no YAML of its own)"
+    return f"configs/default.yaml < configs/{env_file.name}"
 
 
 def first_reach(curve: list, threshold: float) -> float:
     return next((float(step) for step, value in curve if value >= threshold), math.inf)
 
 
+def _bootstrap_diff(a: list[float], b: list[float], statistic, reps: int = 50_000,
+                    seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap CI of statistic(a) - statistic(b), each resampled alone."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    sa = xa[rng.integers(0, xa.size, size=(reps, xa.size))]
+    sb = xb[rng.integers(0, xb.size, size=(reps, xb.size))]
+    diff = statistic(sa) - statistic(sb)
+    lo, hi = np.percentile(diff, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def compare(threshold: float | None, noisy: list[dict], epsilon: list[dict]) -> dict:
+    """Does the noisy agent do at least as well as its epsilon-greedy ablation?
+
+    Point estimates decide (solve rate, then final-return IQM: noisy must not be behind
+    on either); the 95% bootstrap CIs of the differences say whether a gap is beyond the
+    seed-to-seed noise. Steps to solve (median over all seeds, never = infinitely slow)
+    are reported beside the verdict, not in it.
+    """
+    fn = [r["final_eval_return"] for r in noisy]
+    fe = [r["final_eval_return"] for r in epsilon]
+    out: dict = {"iqm": (iqm(fn), iqm(fe)), "iqm_diff": iqm(fn) - iqm(fe),
+                 "iqm_diff_ci": _bootstrap_diff(fn, fe, _iqm_rows)}
+    behind, significant, ahead = [], [], []
+    if threshold is not None:
+        sn = [float(f >= threshold) for f in fn]
+        se = [float(f >= threshold) for f in fe]
+        out["solved"] = (int(sum(sn)), len(sn), int(sum(se)), len(se))
+        rate_diff = sum(sn) / len(sn) - sum(se) / len(se)
+        lo, hi = _bootstrap_diff(sn, se, lambda x: x.mean(axis=1))
+        out["solved_diff_ci"] = (lo, hi)
+        if rate_diff < 0:
+            behind.append("solve rate")
+            if hi < 0:
+                significant.append("solve rate")
+        elif rate_diff > 0:
+            ahead.append("solve rate")
+        out["steps"] = tuple(
+            _quantile(sorted(first_reach(r["eval_curve"], threshold) for r in res), 0.5)
+            for res in (noisy, epsilon))
+    lo, hi = out["iqm_diff_ci"]
+    if out["iqm_diff"] < 0:
+        behind.append("final-return IQM")
+        if hi < 0:
+            significant.append("final-return IQM")
+    elif out["iqm_diff"] > 0:
+        ahead.append("final-return IQM")
+    if not behind:
+        verdict = "noisy >= epsilon"
+        if ahead:
+            verdict += f" (ahead on {', '.join(ahead)})"
+    elif significant:
+        verdict = f"noisy < epsilon ({', '.join(behind)}; beyond the 95% CI)"
+    else:
+        verdict = f"noisy < epsilon ({', '.join(behind)}; within the 95% CI)"
+    out["verdict"] = verdict
+    return out
+
+
 def fmt_steps(x: float) -> str:
     return "never" if math.isinf(x) else f"{x:,.0f}"
 
 
-def summarise(env_id: str, results: list[dict], sb3_wall: float | None) -> dict:
-    threshold = THRESHOLD[env_id]
+def fmt_return(x: float, scale: float) -> str:
+    """Returns with as many decimals as the env's scale needs (FrozenLake: 0 to 1)."""
+    digits = 0 if scale >= 50 else 1 if scale >= 5 else 2
+    return f"{x:.{digits}f}"
+
+
+def summarise(threshold: float | None, results: list[dict], sb3_wall: float | None) -> dict:
     finals = [r["final_eval_return"] for r in results]
-    solved = sum(f is not None and f >= threshold for f in finals)
-    reach = sorted(first_reach(r["eval_curve"], threshold) for r in results)
-    q25, med, q75 = (_quantile(reach, q) for q in (0.25, 0.5, 0.75))
+    scale = max(abs(f) for f in finals) if finals else 0.0
     lo, hi = bootstrap_ci(finals)
     wall = statistics.median(r["wall_s"] for r in results)
-    return {
-        "solved": f"{solved}/{len(results)}",
-        "steps": f"{fmt_steps(med)} ({fmt_steps(q25)}-{fmt_steps(q75)})",
-        "reached": sum(not math.isinf(x) for x in reach),
-        "iqm": f"{iqm(finals):.1f} [{lo:.1f}, {hi:.1f}]",
+    row = {
+        "solved": "-", "steps": "-", "reached": None,
+        "iqm": f"{iqm(finals):.{1 if scale >= 5 else 3}f} "
+               f"[{lo:.{1 if scale >= 5 else 3}f}, {hi:.{1 if scale >= 5 else 3}f}]",
         "wall": wall,
         "ratio": None if sb3_wall is None else sb3_wall / wall,
-        "finals": " ".join(f"{f:.0f}" for f in finals),
+        "finals": " ".join(fmt_return(f, scale) for f in finals),
     }
+    if threshold is not None:
+        solved = sum(f is not None and f >= threshold for f in finals)
+        reach = sorted(first_reach(r["eval_curve"], threshold) for r in results)
+        q25, med, q75 = (_quantile(reach, q) for q in (0.25, 0.5, 0.75))
+        row.update(solved=f"{solved}/{len(results)}",
+                   steps=f"{fmt_steps(med)} ({fmt_steps(q25)}-{fmt_steps(q75)})",
+                   reached=sum(not math.isinf(x) for x in reach))
+    return row
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -122,7 +240,8 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return a + (b - a) * (pos - lo)
 
 
-def plot(env_id: str, curves: dict[str, list[list]], budget: int, path: Path) -> None:
+def plot(env_id: str, curves: dict[str, list[list]], budget: int, path: Path,
+         threshold: float | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,7 +265,8 @@ def plot(env_id: str, curves: dict[str, list[list]], budget: int, path: Path) ->
             lo, hi = np.nanpercentile(arr, 25, axis=0), np.nanpercentile(arr, 75, axis=0)
         ax.plot(grid, med, label=f"{name} (median, IQR band, {len(runs)} seeds)")
         ax.fill_between(grid, lo, hi, alpha=0.2)
-    ax.axhline(THRESHOLD[env_id], color="gray", ls="--", lw=1)
+    if threshold is not None:
+        ax.axhline(threshold, color="gray", ls="--", lw=1)
     ax.set_xlabel("environment steps")
     ax.set_ylabel("noise-free evaluation return")
     ax.set_title(env_id)
@@ -156,9 +276,42 @@ def plot(env_id: str, curves: dict[str, list[list]], budget: int, path: Path) ->
     plt.close(fig)
 
 
+def print_comparison(envs: list[str], thresholds: dict[str, tuple[float | None, str]],
+                     results: dict[str, dict[str, list[dict]]]) -> None:
+    """One row per env: the default command against its epsilon-greedy ablation."""
+    print("\n### The default command against its epsilon-greedy ablation\n")
+    print("| env | config | seeds solved, noisy / epsilon | median steps to solve, noisy / "
+          "epsilon | final return IQM, noisy / epsilon | IQM difference [95% CI] | "
+          "solve-rate difference [95% CI] | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    for env_id in envs:
+        threshold = thresholds[env_id][0]
+        c = compare(threshold, results[env_id][AGENTS[0]], results[env_id][AGENTS[1]])
+        scale = max(abs(r["final_eval_return"]) for res in results[env_id].values()
+                    for r in res)
+        d = 1 if scale >= 5 else 3
+        iqm_cell = f"{c['iqm'][0]:.{d}f} / {c['iqm'][1]:.{d}f}"
+        lo, hi = c["iqm_diff_ci"]
+        diff_cell = f"{c['iqm_diff']:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"
+        if threshold is None:
+            solved_cell = steps_cell = rate_cell = "- (no threshold)"
+        else:
+            sn, nn, se, ne = c["solved"]
+            solved_cell = f"{sn}/{nn} / {se}/{ne}"
+            steps_cell = f"{fmt_steps(c['steps'][0])} / {fmt_steps(c['steps'][1])}"
+            rlo, rhi = c["solved_diff_ci"]
+            rate_cell = f"{sn / nn - se / ne:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
+        config = "default.yaml" if env_config_file(env_id) is None else \
+            env_config_file(env_id).name
+        print(f"| {env_id} | {config} | {solved_cell} | {steps_cell} | {iqm_cell} | "
+              f"{diff_cell} | {rate_cell} | {c['verdict']} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--envs", default=",".join(THRESHOLD), help="comma-separated env ids")
+    p.add_argument("--envs", default=",".join(THRESHOLD),
+                   help="comma-separated gymnasium ids with discrete actions (default: "
+                        "the three above)")
     p.add_argument("--seeds", default="101-110", help="our seeds, e.g. 101-110 or 1,2,3")
     p.add_argument("--sb3-seeds", type=int, default=3, help="first N of --seeds for SB3 (0: none)")
     p.add_argument("--no-ablation", action="store_true", help="skip the epsilon-greedy runs")
@@ -167,9 +320,12 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write every per-seed result here")
     args = p.parse_args()
     envs = args.envs.split(",")
-    unknown = [e for e in envs if e not in THRESHOLD]
-    if unknown:
-        p.error(f"unknown env {unknown[0]}: choose from {', '.join(THRESHOLD)}")
+    thresholds: dict[str, tuple[float | None, str]] = {}
+    for env_id in envs:
+        try:
+            thresholds[env_id] = threshold_of(env_id)
+        except Exception as e:  # gymnasium's NameNotFound, DeprecatedEnv, ...
+            p.error(f"env {env_id}: {e}")
     seeds = parse_seeds(args.seeds)
     workdir = Path(tempfile.mkdtemp(prefix="bench_suite_"))
     try:
@@ -189,7 +345,7 @@ def main() -> int:
             ours.append((env_id, AGENTS[0], s))
             if not args.no_ablation:
                 ours.append((env_id, AGENTS[1], s))
-        sb3 = [(env_id, AGENTS[2], s) for s in sb3_seeds]
+        sb3 = [(env_id, AGENTS[2], s) for s in sb3_seeds] if env_id in SB3_ZOO else []
         stride = -(-len(ours) // max(len(sb3), 1))  # ceil
         for i, job in enumerate(sb3):
             jobs.append(job)
@@ -209,27 +365,38 @@ def main() -> int:
               f"{r['global_step']} steps, {r['wall_s']:.1f} s", flush=True)
         return r
 
+    start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         done = list(pool.map(run, jobs))
+    total_min = (time.perf_counter() - start) / 60
     results: dict[str, dict[str, list[dict]]] = {e: {} for e in envs}
     for (env_id, agent, _), r in zip(jobs, done, strict=True):
         results[env_id].setdefault(agent, []).append(r)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
                 .splitlines() if line.startswith("model name")), "unknown CPU") \
         if Path("/proc/cpuinfo").exists() else "unknown CPU"
     print(f"\nseeds {args.seeds} (SB3: first {len(sb3_seeds)}), jobs={args.jobs}, "
-          f"{os.cpu_count()} CPUs ({cpu})")
+          f"{os.cpu_count()} CPUs ({cpu}), {len(jobs)} runs in {total_min:.0f} min")
     for env_id in envs:
         agents = {a: results[env_id][a] for a in AGENTS if a in results[env_id]}
         sb3 = agents.get(AGENTS[2])
         sb3_wall = statistics.median(r["wall_s"] for r in sb3) if sb3 else None
-        print(f"\n### {env_id} (solved: 100-episode noise-free mean >= {THRESHOLD[env_id]:g})\n")
+        threshold, why = thresholds[env_id]
+        if threshold is None:
+            print(f"\n### {env_id} (no threshold: {why}; final returns only)\n")
+        else:
+            source = "" if env_id in THRESHOLD else f", {why}"
+            print(f"\n### {env_id} (solved: 100-episode noise-free mean >= {threshold:g}"
+                  f"{source})\n")
+        print(f"config: {config_used(env_id)}\n")
         print("| agent | seeds solved | steps to solve, median (IQR) | final return, IQM "
               "[95% CI] | median wall-clock (s) | SB3 / this | final 100-episode returns |")
         print("|---|---|---|---|---|---|---|")
         for name, res in agents.items():
-            row = summarise(env_id, res, sb3_wall)
+            row = summarise(threshold, res, sb3_wall)
             ratio = "-" if row["ratio"] is None else f"{row['ratio']:.1f}x"
             print(f"| {name} | {row['solved']} | {row['steps']} | {row['iqm']} | "
                   f"{row['wall']:.1f} | {ratio} | {row['finals']} |")
@@ -239,10 +406,10 @@ def main() -> int:
                          for res in agents.values() for r in res)
             path = args.plot_dir / f"{env_id}.png"
             plot(env_id, {n: [r["eval_curve"] for r in res] for n, res in agents.items()},
-                 budget, path)
+                 budget, path, threshold)
             print(f"\nplot: {path}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if not args.no_ablation:
+        print_comparison(envs, thresholds, results)
     return 0
 
 

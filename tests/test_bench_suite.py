@@ -1,0 +1,103 @@
+"""bench/suite.py: thresholds of envs beyond the three classic-control ones, and the
+noisy-against-epsilon comparison the generality goal of issue 12 reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+SUITE_PATH = Path(__file__).resolve().parent.parent / "bench" / "suite.py"
+
+
+@pytest.fixture(scope="module")
+def suite():
+    spec = importlib.util.spec_from_file_location("bench_suite", SUITE_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(final: float, curve: list | None = None) -> dict:
+    return {"final_eval_return": final, "eval_curve": curve or [], "wall_s": 1.0}
+
+
+def test_thresholds_come_from_issue_12_then_the_table_then_the_registry(suite):
+    assert suite.threshold_of("MountainCar-v0") == (-110.0, "issue 12")
+    assert suite.threshold_of("CartPole-v0")[0] == gym.spec("CartPole-v0").reward_threshold
+    assert suite.threshold_of("FrozenLake-v1") == (0.7, "registered reward_threshold")
+    # Registered at 8, above what the optimal policy averages: the table overrides it.
+    assert gym.spec("Taxi-v4").reward_threshold == 8
+    assert suite.threshold_of("Taxi-v4")[0] is None
+    assert suite.threshold_of("Blackjack-v1") == (None, "none registered")
+    with pytest.raises(gym.error.Error):
+        suite.threshold_of("NoSuchEnv-v0")
+
+
+def test_config_used_names_the_env_yaml_or_says_there_is_none(suite):
+    assert suite.config_used("Acrobot-v1") == "configs/default.yaml < configs/Acrobot-v1.yaml"
+    assert suite.config_used("MountainCar-v0").endswith("(no YAML of its own)")
+
+
+def test_summarise_without_a_threshold_reports_final_returns_only(suite):
+    row = suite.summarise(None, [run(-0.1), run(0.02), run(-0.05), run(0.0)], None)
+    assert row["solved"] == "-" and row["steps"] == "-"
+    assert row["finals"] == "-0.10 0.02 -0.05 0.00"
+    assert row["iqm"].startswith("-0.025 [")
+
+
+def test_summarise_with_a_threshold_counts_solves_and_steps(suite):
+    results = [run(0.8, [[2000, 0.5], [4000, 0.7]]), run(0.6, [[2000, 0.3]])]
+    row = suite.summarise(0.7, results, None)
+    assert row["solved"] == "1/2"
+    assert row["steps"].startswith("never")  # median of 4,000 and never
+
+
+def test_compare_passes_when_noisy_is_level_and_says_where_it_is_ahead(suite):
+    noisy = [run(200.0, [[2000, 200.0]]) for _ in range(10)]
+    eps = [run(200.0, [[4000, 200.0]]) for _ in range(9)] + [run(100.0, [[2000, 0.0]])]
+    c = suite.compare(195.0, noisy, eps)
+    assert c["solved"] == (10, 10, 9, 10)
+    assert c["steps"] == (2000.0, 4000.0)
+    assert c["verdict"] == "noisy >= epsilon (ahead on solve rate)"
+    level = suite.compare(195.0, noisy, noisy)
+    assert level["verdict"] == "noisy >= epsilon"
+    assert level["iqm_diff"] == 0.0 and level["iqm_diff_ci"] == (0.0, 0.0)
+
+
+def test_compare_fails_when_noisy_is_behind_and_says_whether_beyond_the_noise(suite):
+    eps = [run(1.0) for _ in range(10)]
+    far_behind = [run(0.0) for _ in range(10)]
+    c = suite.compare(0.7, far_behind, eps)
+    assert c["verdict"] == ("noisy < epsilon (solve rate, final-return IQM; "
+                            "beyond the 95% CI)")
+    assert math.isinf(c["steps"][0]) and math.isinf(c["steps"][1])
+    one_seed_behind = [run(0.0)] + [run(1.0) for _ in range(9)]
+    c = suite.compare(0.7, one_seed_behind, eps)
+    assert c["verdict"] == "noisy < epsilon (solve rate; within the 95% CI)"
+
+
+def test_compare_without_a_threshold_uses_the_final_return_iqm_alone(suite):
+    noisy = [run(x) for x in (-0.2, -0.1, 0.0, 0.1, 0.2)]
+    eps = [run(x + 0.01) for x in (-0.2, -0.1, 0.0, 0.1, 0.2)]
+    c = suite.compare(None, noisy, eps)
+    assert "solved" not in c and "steps" not in c
+    assert c["iqm_diff"] == pytest.approx(-0.01)
+    assert c["verdict"] == "noisy < epsilon (final-return IQM; within the 95% CI)"
+
+
+def test_print_comparison_prints_one_row_per_env(suite, capsys):
+    results = {
+        "CartPole-v0": {suite.AGENTS[0]: [run(200.0, [[2000, 200.0]])] * 3,
+                        suite.AGENTS[1]: [run(200.0, [[4000, 200.0]])] * 3},
+        "Blackjack-v1": {suite.AGENTS[0]: [run(-0.05)] * 3, suite.AGENTS[1]: [run(-0.1)] * 3},
+    }
+    thresholds = {env: suite.threshold_of(env) for env in results}
+    suite.print_comparison(list(results), thresholds, results)
+    out = capsys.readouterr().out
+    assert "| CartPole-v0 | default.yaml | 3/3 / 3/3 | 2,000 / 4,000 | 200.0 / 200.0 |" in out
+    assert "| Blackjack-v1 | default.yaml | - (no threshold) |" in out
+    assert "noisy >= epsilon (ahead on final-return IQM)" in out
