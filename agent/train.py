@@ -255,8 +255,10 @@ def train(
     seed_everything(cfg.seed)
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
         if device.type == "cpu":
-            # numpy's BLAS (the learner's numpy path) gets the same threads as torch: a
-            # multi-threaded OpenBLAS made small updates 30x slower on a busy 2-core machine.
+            # numpy's BLAS (the learner's numpy path) gets the same threads as torch: a thread
+            # per core made small updates many times slower beside other busy processes
+            # (docs/benchmarks.md). run.py's OPENBLAS_NUM_THREADS misses train() called from
+            # a sweep's worker or a notebook, where numpy was imported first.
             cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
         envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs)
         cleanup.callback(_close_quietly, envs)
