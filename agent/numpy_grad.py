@@ -3,8 +3,9 @@
 On a CPU, a DQN update of a small network costs mostly PyTorch's fixed cost per op
 and the autograd engine's per-node bookkeeping, not arithmetic (``bench/learner.py``;
 figures in docs/benchmarks.md). :class:`NumpyGrad` compiles a module's ``forward``
-once (traced with ``torch.fx``, the same tracer and op set as the acting path's
-:class:`~agent.acting.numpy_forward.NumpyForward`) into a numpy program that keeps
+once (traced with ``torch.fx``, the same tracer as the acting path's
+:class:`~agent.acting.numpy_forward.NumpyForward`, and its ops but the functional
+``leaky_relu`` and ``elu``, which are left to autograd) into a numpy program that keeps
 what the backward pass needs, and computes the parameters' gradients with one
 hand-written vector-Jacobian product per op, in reverse order. Parameters, noise
 buffers and gradients are zero-copy numpy views of the live tensors, so optimizer
