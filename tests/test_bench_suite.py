@@ -101,3 +101,20 @@ def test_print_comparison_prints_one_row_per_env(suite, capsys):
     assert "| CartPole-v0 | default.yaml | 3/3 / 3/3 | 2,000 / 4,000 | 200.0 / 200.0 |" in out
     assert "| Blackjack-v1 | default.yaml | - (no threshold) |" in out
     assert "noisy >= epsilon (ahead on final-return IQM)" in out
+
+
+def test_paired_counts_seeds_higher_equal_lower(suite):
+    assert suite.paired([0.7, 0.5, 0.6], [0.6, 0.5, 0.8]) == (1, 1, 1)
+    with pytest.raises(ValueError):
+        suite.paired([0.7], [0.6, 0.5])
+
+
+def test_print_comparison_paired_by_seed_adds_a_column(suite, capsys):
+    results = {"FrozenLake-v1": {suite.AGENTS[0]: [run(0.6), run(0.75)],
+                                 suite.AGENTS[1]: [run(0.7), run(0.75)]}}
+    suite.print_comparison(["FrozenLake-v1"], {"FrozenLake-v1": (0.7, "registered")},
+                           results, title="more", paired_by_seed=True)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "### more"
+    assert out[3].count("|") == out[4].count("|") and out[4].startswith("|---")
+    assert "| 0 / 1 / 1 | noisy < epsilon (solve rate, final-return IQM;" in out[5]
