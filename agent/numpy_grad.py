@@ -33,7 +33,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from agent.acting.numpy_forward import cast_target, cpu_float_dtype, trace_leaves
+from agent.acting.numpy_forward import cast_target, constant, cpu_float_dtype, trace_leaves
 from agent.noisy import NoisyLinear
 
 __all__ = ["GradientSink", "NumpyGrad"]
@@ -309,7 +309,7 @@ class NumpyGrad:
                 continue
             if any(isinstance(v, fx.Node) for v in node.kwargs.values()):
                 raise _Unsupported("tensor keyword argument")
-            args = [slot[a] if isinstance(a, fx.Node) else _const(a) for a in node.args]
+            args = [slot[a] if isinstance(a, fx.Node) else constant(a) for a in node.args]
             tensor_args = [a for a in args if isinstance(a, int)]
             out = len(nodes) + 1
             if node.op == "call_module":
@@ -413,15 +413,6 @@ class NumpyGrad:
                     grads[arg] = grads[arg] + grad if arg in grads else grad
 
 
-class _Const:
-    """A constant argument of a traced call (a Python number)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
 def _reader(fn: Callable[..., Array], args: list[Any]) -> Callable[[list[Any]], Array]:
     """``fn`` applied to its arguments read from the slots, specialised for the common shapes."""
     if len(args) == 1 and type(args[0]) is int:
@@ -431,12 +422,6 @@ def _reader(fn: Callable[..., Array], args: list[Any]) -> Callable[[list[Any]], 
         a, b = args
         return lambda slots: fn(slots[a], slots[b])
     return lambda slots: fn(*[slots[x] if type(x) is int else x.value for x in args])
-
-
-def _const(arg: Any) -> _Const:
-    if isinstance(arg, (int, float, bool)):
-        return _Const(arg)
-    raise _Unsupported(f"argument {arg!r}")
 
 
 def _grad_flags(args: list[Any], needs_grad: dict[int, bool]) -> list[bool]:

@@ -38,7 +38,7 @@ from torch import nn
 
 from agent.noisy import NoisyLinear
 
-__all__ = ["NumpyForward", "cast_target", "cpu_float_dtype", "trace_leaves"]
+__all__ = ["Const", "NumpyForward", "cast_target", "constant", "cpu_float_dtype", "trace_leaves"]
 
 
 class _NumpyLinear:
@@ -250,9 +250,7 @@ class NumpyForward:
         def ref(arg: Any) -> Any:
             if isinstance(arg, fx.Node):
                 return slot[arg]
-            if isinstance(arg, (int, float, bool)):
-                return _Const(arg)
-            raise _Unsupported(f"argument {arg!r}")
+            return constant(arg)
 
         for node in graph.nodes:
             if node.op == "placeholder":
@@ -334,13 +332,20 @@ class NumpyForward:
         return slots[self._output]
 
 
-class _Const:
+class Const:
     """A constant argument of a traced call (a Python number)."""
 
     __slots__ = ("value",)
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+
+def constant(arg: Any) -> Const:
+    """A traced call's non-tensor argument, if it is a Python number; else unsupported."""
+    if isinstance(arg, (int, float, bool)):
+        return Const(arg)
+    raise _Unsupported(f"argument {arg!r}")
 
 
 def _step(
@@ -350,13 +355,13 @@ def _step(
     if linear:
         (a,) = refs
         return lambda slots, noise: fn(slots[a], noise)
-    if len(refs) == 1 and type(refs[0]) is not _Const:
+    if len(refs) == 1 and type(refs[0]) is not Const:
         (a,) = refs
         return lambda slots, noise: fn(slots[a])
-    if len(refs) == 2 and not any(type(r) is _Const for r in refs):
+    if len(refs) == 2 and not any(type(r) is Const for r in refs):
         a, b = refs
         return lambda slots, noise: fn(slots[a], slots[b])
-    return lambda slots, noise: fn(*[r.value if type(r) is _Const else slots[r] for r in refs])
+    return lambda slots, noise: fn(*[r.value if type(r) is Const else slots[r] for r in refs])
 
 
 def _bind(fn: Callable[..., np.ndarray], kwargs: dict[str, Any]) -> Callable[..., np.ndarray]:
