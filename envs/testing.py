@@ -201,7 +201,7 @@ class SpaceEnv(gym.Env):
         if self.kind == "MultiDiscrete":
             obs: Any = np.array([t % 3, cue], dtype=np.int64)
         elif self.kind == "Tuple":
-            obs = (t, cue)
+            obs = (t % 5, cue)  # t reaches 5 at the episode end
         elif self.kind == "Grid":
             obs = np.zeros((3, 4), dtype=np.float32)
             obs[t % 3, cue] = 1.0

@@ -186,7 +186,7 @@ def test_training_evaluation_and_video_see_the_same_adapted_observations(kind: s
     obs_vec, _ = vec.reset(seed=[11, 12])
     obs_single, _ = single.reset(seed=11)
     obs_video, _ = video.reset(seed=11)
-    for action in (0, 1, 1, 0):
+    for action in (0, 1, 1, 0, 1):  # to the episode's end (t = 5)
         assert obs_vec.shape == (2, *spec.obs_shape) and obs_vec.dtype == spec.obs_dtype
         assert np.array_equal(obs_vec[0], obs_single) and np.array_equal(obs_single, obs_video)
         raw = single.unwrapped.last_raw
