@@ -131,12 +131,21 @@ def threshold_of(env_id: str) -> tuple[float | None, str]:
     return float(registered), "registered reward_threshold"
 
 
-def config_used(env_id: str) -> str:
-    """Which config files ``python run.py --env ENV_ID`` resolves (besides --set)."""
+def config_used(env_id: str, overrides: list[str] | None = None) -> str:
+    """Which config files ``python run.py --env ENV_ID`` resolves, and the suite's --set."""
     env_file = env_config_file(env_id)
     if env_file is None:
-        return "configs/default.yaml alone (no YAML of its own)"
-    return f"configs/default.yaml < configs/{env_file.name}"
+        used = "configs/default.yaml alone (no YAML of its own)"
+    else:
+        used = f"configs/default.yaml < configs/{env_file.name}"
+    return used + "".join(f" < --set {kv}" for kv in overrides or [])
+
+
+def our_args(agent: str, overrides: list[str]) -> list[str]:
+    """The arguments after ``--env ENV --seed S`` of one of our agents: the suite's --set
+    for both, then the ablation's own (last, so that its noise stays off)."""
+    args = [a for kv in overrides for a in ("--set", kv)]
+    return args + (EPSILON if agent == AGENTS[1] else [])
 
 
 def first_reach(curve: list, threshold: float) -> float:
@@ -362,6 +371,9 @@ def main() -> int:
     p.add_argument("--seeds", default="101-110", help="our seeds, e.g. 101-110 or 1,2,3")
     p.add_argument("--sb3-seeds", type=int, default=3, help="first N of --seeds for SB3 (0: none)")
     p.add_argument("--no-ablation", action="store_true", help="skip the epsilon-greedy runs")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for both of our agents, e.g. learn_sigma=false "
+                        "(repeatable; named in each env's header)")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time")
     p.add_argument("--plot-dir", type=Path, help="write <env>.png learning curves here")
     p.add_argument("--json", type=Path, help="write every per-seed result here")
@@ -411,7 +423,7 @@ def main() -> int:
             r = run_sb3(seed, where, env_id, hyper, steps, SB3_EVAL_EVERY[env_id], 10)
             r["wall_s"] -= r["periodic_eval_s"]
         else:
-            r = run_ours(seed, EPSILON if agent == AGENTS[1] else [], where, env_id)
+            r = run_ours(seed, our_args(agent, args.set), where, env_id)
         print(f"{env_id} | {agent} | seed {seed}: final {r['final_eval_return']:.1f}, "
               f"{r['global_step']} steps, {r['wall_s']:.1f} s", flush=True)
         return r
@@ -461,7 +473,7 @@ def main() -> int:
             source = "" if env_id in THRESHOLD else f", {why}"
             print(f"\n### {env_id} (solved: 100-episode noise-free mean >= {threshold:g}"
                   f"{source})\n")
-        print(f"config: {config_used(env_id)}\n")
+        print(f"config: {config_used(env_id, args.set)}\n")
         print("| agent | seeds solved | steps to solve, median (IQR) | final return, IQM "
               "[95% CI] | median wall-clock (s) | SB3 / this | final 100-episode returns |")
         print("|---|---|---|---|---|---|---|")
@@ -488,7 +500,9 @@ def main() -> int:
                  budget, path, threshold)
             print(f"\nplot: {path}")
     if not args.no_ablation:
-        print_comparison(envs, thresholds, results)
+        command = "The default command" + "".join(f" --set {kv}" for kv in args.set)
+        print_comparison(envs, thresholds, results,
+                         title=f"{command} against its epsilon-greedy ablation")
     if args.final_episodes and not args.no_ablation:
         # The same comparison on the N-episode means of the final policies.
         more = {e: {a: [{**r, "final_eval_return": r["final_more_return"]}

@@ -42,6 +42,18 @@ def test_config_used_names_the_env_yaml_or_says_there_is_none(suite):
     assert suite.config_used("MountainCar-v0").endswith("(no YAML of its own)")
 
 
+def test_set_reaches_both_of_our_agents_and_the_ablation_keeps_its_noise_off(suite):
+    noisy = suite.our_args(suite.AGENTS[0], ["learn_sigma=false", "lr=0.001"])
+    assert noisy == ["--set", "learn_sigma=false", "--set", "lr=0.001"]
+    ablation = suite.our_args(suite.AGENTS[1], ["noisy_layers=all"])
+    assert ablation[:2] == ["--set", "noisy_layers=all"]
+    assert ablation[-2:] == ["--set", "noisy_layers=none"]  # the later --set wins
+    assert suite.our_args(suite.AGENTS[0], []) == []
+    assert suite.config_used("FrozenLake-v1", ["learn_sigma=false"]).endswith(
+        "< --set learn_sigma=false"
+    )
+
+
 def test_summarise_without_a_threshold_reports_final_returns_only(suite):
     row = suite.summarise(None, [run(-0.1), run(0.02), run(-0.05), run(0.0)], None)
     assert row["solved"] == "-" and row["steps"] == "-"
