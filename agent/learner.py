@@ -53,6 +53,9 @@ class Learner:
     With ``noise=False`` (epsilon-greedy runs) the noise of both networks is switched
     off for good: they learn on their mean weights, exactly as they act, and the
     sigma parameters receive no gradient and stay as initialised.
+    With ``learn_sigma=False`` the noise is for acting only: updates run on the mean
+    weights of both networks (no noise is drawn for them), so the sigmas receive no
+    gradient and the acting noise keeps the scale it was initialised with.
     The online network's noise buffers are put back as they were after the
     update: the noise there is the acting noise, which belongs to the action
     selector (held for ``noise_interval`` steps or a whole episode), and an
@@ -84,6 +87,7 @@ class Learner:
         max_grad_norm: float | None = 10.0,
         tau: float = 1.0,
         noise: bool = True,
+        learn_sigma: bool = True,
         backend: Literal["auto", "torch", "numpy"] = "auto",
     ) -> None:
         if backend not in ("auto", "torch", "numpy"):
@@ -99,11 +103,16 @@ class Learner:
         self.tau = tau
         if not noise:
             set_noise(q_network, False)
+        if not (noise and learn_sigma):  # the target network never acts
             set_noise(target_network, False)
         self.target_network.requires_grad_(False)
         # Found once (by type): the reset runs before every update.
-        online = noisy_layers(q_network) if noise else []
-        self._noisy = [*online, *(noisy_layers(target_network) if noise else [])]
+        noisy_updates = noise and learn_sigma
+        online = noisy_layers(q_network) if noisy_updates else []
+        self._noisy = [*online, *(noisy_layers(target_network) if noisy_updates else [])]
+        # Acting noise only: the online network's layers are switched to their mean
+        # weights for each update and back after.
+        self._mean_for_update = noisy_layers(q_network) if noise and not learn_sigma else []
         # Where the acting noise (the selector's) waits during an update.
         self._acting_noise = NoiseSnapshot(online)
         params = list(q_network.parameters())
@@ -130,6 +139,19 @@ class Learner:
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
+        if not self._mean_for_update:
+            return self._update(batch)
+        layers = self._mean_for_update
+        acting = [layer.noise_enabled for layer in layers]
+        for layer in layers:
+            layer.noise_enabled = False
+        try:
+            return self._update(batch)
+        finally:
+            for layer, enabled in zip(layers, acting, strict=True):
+                layer.noise_enabled = enabled
+
+    def _update(self, batch: BatchLike) -> torch.Tensor:
         if self._numpy is not None:
             return self._numpy.update(batch)
         self._acting_noise.save()

@@ -122,6 +122,29 @@ def test_update_uses_fresh_noise_and_leaves_the_acting_noise_in_place() -> None:
     assert [b.data_ptr() for b in after] == pointers
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_learn_sigma_updates_are_those_of_the_mean_network(backend: str) -> None:
+    """learn_sigma=False: the same step as a noise-free learner, no noise drawn, sigmas
+    unchanged, and the acting noise (switch and buffers) as it was."""
+    torch.manual_seed(0)
+    net = QNetwork((4,), 2, (16, 16), noisy_layers="all", dtype=torch.float64)
+    acting = Learner(net, copy.deepcopy(net), lr=1e-2, learn_sigma=False, backend=backend)
+    plain_net = copy.deepcopy(net)
+    plain = Learner(plain_net, copy.deepcopy(net), lr=1e-2, noise=False, backend=backend)
+    sigmas = {k: v.clone() for k, v in net.state_dict().items() if "sigma" in k}
+    noise = [b.clone() for b in net.buffers()]
+    for i in range(5):
+        rng = torch.get_rng_state()
+        acting.update(_batch(dtype=torch.float64, seed=i))
+        assert torch.equal(torch.get_rng_state(), rng)  # no noise was drawn
+        plain.update(_batch(dtype=torch.float64, seed=i))
+    torch.testing.assert_close(net.state_dict(), plain_net.state_dict(), rtol=0, atol=0)
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in sigmas.items())
+    assert all(layer.noise_enabled for layer in net._noisy)  # it still acts noisily
+    assert all(torch.equal(a, b) for a, b in zip(noise, net.buffers(), strict=True))
+    assert not any(layer.noise_enabled for layer in acting.target_network._noisy)
+
+
 def test_hard_and_polyak_target_sync() -> None:
     learner = _learner()
     for _ in range(3):
@@ -230,6 +253,7 @@ def _assert_same_learners(a: Learner, b: Learner) -> None:
         {"loss": "mse", "max_grad_norm": None},
         {"huber_delta": 0.05, "max_grad_norm": 0.5},  # the Huber's linear part and clipping
         {"noise": False},
+        {"learn_sigma": False},
         {"tau": 0.1},
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "defaults",
