@@ -201,18 +201,20 @@ def test_optimizer_state_round_trip(backend: str) -> None:
     assert b.updates == 4
 
 
+@pytest.mark.parametrize("learn_sigma", [True, False])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_update_keeps_device_and_dtype(device: str, dtype: torch.dtype) -> None:
-    learner = _learner(device, dtype)
+def test_update_keeps_device_and_dtype(device: str, dtype: torch.dtype, learn_sigma: bool) -> None:
+    learner = _learner(device, dtype, learn_sigma=learn_sigma)
     loss = learner.update(_batch(device=device, dtype=dtype))
     assert loss.device.type == device and loss.dtype == dtype
     for p in learner.q_network.parameters():
         assert p.device.type == device and p.dtype == dtype
 
 
-def test_update_on_meta_creates_nothing_elsewhere() -> None:
-    learner = _learner("meta")
+@pytest.mark.parametrize("learn_sigma", [True, False])
+def test_update_on_meta_creates_nothing_elsewhere(learn_sigma: bool) -> None:
+    learner = _learner("meta", learn_sigma=learn_sigma)
     loss = learner.update(_batch(device="meta"))
     assert loss.device.type == "meta"
     learner.sync_target()
