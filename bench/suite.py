@@ -496,7 +496,9 @@ def main() -> int:
             budget = max(max((s for s, _ in r["eval_curve"]), default=0)
                          for res in agents.values() for r in res)
             path = args.plot_dir / f"{env_id}.png"
-            plot(env_id, {n: [r["eval_curve"] for r in res] for n, res in agents.items()},
+            with_set = "".join(f" --set {kv}" for kv in args.set)
+            plot(env_id, {(n if n == AGENTS[2] else n.replace(")", f"{with_set})", 1)):
+                          [r["eval_curve"] for r in res] for n, res in agents.items()},
                  budget, path, threshold)
             print(f"\nplot: {path}")
     if not args.no_ablation:
