@@ -63,10 +63,10 @@ class Config:
     """Which linear layers are noisy; ``none`` gives a plain DQN (epsilon-greedy)."""
     sigma0: float = 0.5
     """Initial noise scale of the noisy layers (sigma = sigma0 / sqrt(fan_in))."""
-    learn_sigma: bool = True
-    """true: the sigmas are learned through the TD loss, as in the NoisyNet paper (updates use
-    noisy networks). false: the noise is for acting only; updates use the mean weights, no
-    noise is drawn for them, and the noise keeps its initial scale (README, *Which
+    noisy_updates: bool = True
+    """true: updates run both networks with fresh noise and learn the sigmas, as in the
+    NoisyNet paper. false: the noise is for acting only; updates use the mean weights, no
+    noise is drawn for them, and the sigmas keep their initial values (README, *Which
     exploration to use*, says where each pays)."""
 
     # --- exploration ---

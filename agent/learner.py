@@ -53,7 +53,7 @@ class Learner:
     With ``noise=False`` (epsilon-greedy runs) the noise of both networks is switched
     off for good: they learn on their mean weights, exactly as they act, and the
     sigma parameters receive no gradient and stay as initialised.
-    With ``learn_sigma=False`` the noise is for acting only: updates run on the mean
+    With ``noisy_updates=False`` the noise is for acting only: updates run on the mean
     weights of both networks (no noise is drawn for them), so the sigmas receive no
     gradient and the acting noise keeps the scale it was initialised with.
     The online network's noise buffers are put back as they were after the
@@ -87,7 +87,7 @@ class Learner:
         max_grad_norm: float | None = 10.0,
         tau: float = 1.0,
         noise: bool = True,
-        learn_sigma: bool = True,
+        noisy_updates: bool = True,
         backend: Literal["auto", "torch", "numpy"] = "auto",
     ) -> None:
         if backend not in ("auto", "torch", "numpy"):
@@ -103,16 +103,16 @@ class Learner:
         self.tau = tau
         if not noise:
             set_noise(q_network, False)
-        if not (noise and learn_sigma):  # the target network never acts
+        if not (noise and noisy_updates):  # the target network never acts
             set_noise(target_network, False)
         self.target_network.requires_grad_(False)
         # Found once (by type): the reset runs before every update.
-        noisy_updates = noise and learn_sigma
-        online = noisy_layers(q_network) if noisy_updates else []
-        self._noisy = [*online, *(noisy_layers(target_network) if noisy_updates else [])]
+        draws = noise and noisy_updates
+        online = noisy_layers(q_network) if draws else []
+        self._noisy = [*online, *(noisy_layers(target_network) if draws else [])]
         # Acting noise only: the online network's layers are switched to their mean
         # weights for each update and back after.
-        self._mean_for_update = noisy_layers(q_network) if noise and not learn_sigma else []
+        self._mean_for_update = noisy_layers(q_network) if noise and not noisy_updates else []
         # Where the acting noise (the selector's) waits during an update.
         self._acting_noise = NoiseSnapshot(online)
         params = list(q_network.parameters())

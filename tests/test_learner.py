@@ -123,12 +123,12 @@ def test_update_uses_fresh_noise_and_leaves_the_acting_noise_in_place() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_without_learn_sigma_updates_are_those_of_the_mean_network(backend: str) -> None:
-    """learn_sigma=False: the same step as a noise-free learner, no noise drawn, sigmas
+def test_without_noisy_updates_a_step_is_the_mean_network_s_step(backend: str) -> None:
+    """noisy_updates=False: the same step as a noise-free learner, no noise drawn, sigmas
     unchanged, and the acting noise (switch and buffers) as it was."""
     torch.manual_seed(0)
     net = QNetwork((4,), 2, (16, 16), noisy_layers="all", dtype=torch.float64)
-    acting = Learner(net, copy.deepcopy(net), lr=1e-2, learn_sigma=False, backend=backend)
+    acting = Learner(net, copy.deepcopy(net), lr=1e-2, noisy_updates=False, backend=backend)
     plain_net = copy.deepcopy(net)
     plain = Learner(plain_net, copy.deepcopy(net), lr=1e-2, noise=False, backend=backend)
     sigmas = {k: v.clone() for k, v in net.state_dict().items() if "sigma" in k}
@@ -201,20 +201,22 @@ def test_optimizer_state_round_trip(backend: str) -> None:
     assert b.updates == 4
 
 
-@pytest.mark.parametrize("learn_sigma", [True, False])
+@pytest.mark.parametrize("noisy_updates", [True, False])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_update_keeps_device_and_dtype(device: str, dtype: torch.dtype, learn_sigma: bool) -> None:
-    learner = _learner(device, dtype, learn_sigma=learn_sigma)
+def test_update_keeps_device_and_dtype(
+    device: str, dtype: torch.dtype, noisy_updates: bool
+) -> None:
+    learner = _learner(device, dtype, noisy_updates=noisy_updates)
     loss = learner.update(_batch(device=device, dtype=dtype))
     assert loss.device.type == device and loss.dtype == dtype
     for p in learner.q_network.parameters():
         assert p.device.type == device and p.dtype == dtype
 
 
-@pytest.mark.parametrize("learn_sigma", [True, False])
-def test_update_on_meta_creates_nothing_elsewhere(learn_sigma: bool) -> None:
-    learner = _learner("meta", learn_sigma=learn_sigma)
+@pytest.mark.parametrize("noisy_updates", [True, False])
+def test_update_on_meta_creates_nothing_elsewhere(noisy_updates: bool) -> None:
+    learner = _learner("meta", noisy_updates=noisy_updates)
     loss = learner.update(_batch(device="meta"))
     assert loss.device.type == "meta"
     learner.sync_target()
@@ -255,7 +257,7 @@ def _assert_same_learners(a: Learner, b: Learner) -> None:
         {"loss": "mse", "max_grad_norm": None},
         {"huber_delta": 0.05, "max_grad_norm": 0.5},  # the Huber's linear part and clipping
         {"noise": False},
-        {"learn_sigma": False},
+        {"noisy_updates": False},
         {"tau": 0.1},
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "defaults",

@@ -524,19 +524,18 @@ def test_epsilon_exploration_turns_the_noise_off_in_learning_too(tmp_path: Path)
     assert not torch.allclose(params["head.0.weight_mu"], torch.zeros(1))
 
 
-@pytest.mark.parametrize("learn_sigma", [True, False])
-def test_learn_sigma_false_keeps_the_noise_for_acting_only(
-    tmp_path: Path, learn_sigma: bool
+@pytest.mark.parametrize("noisy_updates", [True, False])
+def test_noisy_updates_false_keeps_the_noise_for_acting_only(
+    tmp_path: Path, noisy_updates: bool
 ) -> None:
     # false: updates on the mean weights, so the sigmas keep their initial values while
     # the policy still acts on noise (it differs from the noise-free one somewhere).
-    overrides = {**SHORT, "noisy_layers": "all", "learn_sigma": learn_sigma,
+    overrides = {**SHORT, "noisy_layers": "all", "noisy_updates": noisy_updates,
                  "total_steps": 1_000, "eval_interval": 0}  # fmt: skip
     cfg = load_config("CartPole-v1", overrides=overrides)
     train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
-    assert (
-        f"learn_sigma: {str(learn_sigma).lower()}" in (tmp_path / "run" / "config.yaml").read_text()
-    )
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"noisy_updates: {str(noisy_updates).lower()}" in saved
     params = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["q_network"]
     sigmas = {k: v for k, v in params.items() if k.endswith("sigma")}
     # Initialised to sigma0 / sqrt(fan_in), the width of the layer's input.
@@ -546,7 +545,7 @@ def test_learn_sigma_false_keeps_the_noise_for_acting_only(
         for k, v in sigmas.items()
     ]
     assert len(sigmas) == 6
-    assert all(unchanged) if not learn_sigma else not any(unchanged)
+    assert all(unchanged) if not noisy_updates else not any(unchanged)
     disagreement = _events(tmp_path / "run").Scalars("exploration/action_disagreement")
     assert max(e.value for e in disagreement) > 0
 
