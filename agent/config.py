@@ -63,11 +63,10 @@ class Config:
     """Which linear layers are noisy; ``none`` gives a plain DQN (epsilon-greedy)."""
     sigma0: float = 0.5
     """Initial noise scale of the noisy layers (sigma = sigma0 / sqrt(fan_in))."""
-    noisy_updates: bool = True
-    """true: updates run both networks with fresh noise and learn the sigmas, as in the
-    NoisyNet paper. false: the noise is for acting only; updates use the mean weights, no
-    noise is drawn for them, and the sigmas keep their initial values (README, *Which
-    exploration to use*, says where each pays)."""
+    update_noise: float = 1.0
+    """Scale of the noise that updates run both networks with, relative to the acting noise:
+    1 as in the NoisyNet paper; 0: updates on the mean weights (the noise is for acting
+    only and the sigmas keep their initial values). README, *Which exploration to use*."""
 
     # --- exploration ---
     exploration: Literal["noisy", "epsilon"] = "noisy"
@@ -173,6 +172,7 @@ class Config:
             f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}",
         )
         need(self.sigma0 >= 0, f"sigma0 must be >= 0, got {self.sigma0}")
+        need(self.update_noise >= 0, f"update_noise must be >= 0, got {self.update_noise}")
         need(
             self.noise_interval == "episode" or self.noise_interval >= 1,
             f"noise_interval must be >= 1 or episode, got {self.noise_interval}",

@@ -53,9 +53,10 @@ class Learner:
     With ``noise=False`` (epsilon-greedy runs) the noise of both networks is switched
     off for good: they learn on their mean weights, exactly as they act, and the
     sigma parameters receive no gradient and stay as initialised.
-    With ``noisy_updates=False`` the noise is for acting only: updates run on the mean
-    weights of both networks (no noise is drawn for them), so the sigmas receive no
-    gradient and the acting noise keeps the scale it was initialised with.
+    ``update_noise`` scales the update noise (1: as drawn, as in the paper). With 0 the
+    noise is for acting only: updates run on the mean weights of both networks (no
+    noise is drawn for them), so the sigmas receive no gradient and the acting noise
+    keeps the scale it was initialised with.
     The online network's noise buffers are put back as they were after the
     update: the noise there is the acting noise, which belongs to the action
     selector (held for ``noise_interval`` steps or a whole episode), and an
@@ -87,7 +88,7 @@ class Learner:
         max_grad_norm: float | None = 10.0,
         tau: float = 1.0,
         noise: bool = True,
-        noisy_updates: bool = True,
+        update_noise: float = 1.0,
         backend: Literal["auto", "torch", "numpy"] = "auto",
     ) -> None:
         if backend not in ("auto", "torch", "numpy"):
@@ -103,16 +104,17 @@ class Learner:
         self.tau = tau
         if not noise:
             set_noise(q_network, False)
-        if not (noise and noisy_updates):  # the target network never acts
+        if not (noise and update_noise > 0):  # the target network never acts
             set_noise(target_network, False)
         self.target_network.requires_grad_(False)
         # Found once (by type): the reset runs before every update.
-        draws = noise and noisy_updates
+        draws = noise and update_noise > 0
+        self.update_noise = update_noise
         online = noisy_layers(q_network) if draws else []
         self._noisy = [*online, *(noisy_layers(target_network) if draws else [])]
         # Acting noise only: the online network's layers are switched to their mean
         # weights for each update and back after.
-        self._mean_for_update = noisy_layers(q_network) if noise and not noisy_updates else []
+        self._mean_for_update = noisy_layers(q_network) if noise and update_noise == 0 else []
         # Where the acting noise (the selector's) waits during an update.
         self._acting_noise = NoiseSnapshot(online)
         params = list(q_network.parameters())
@@ -156,7 +158,7 @@ class Learner:
             return self._numpy.update(batch)
         self._acting_noise.save()
         for layer in self._noisy:  # online first, then target: independent draws
-            layer.reset_noise()
+            layer.reset_noise(scale=self.update_noise)
         batch_size = batch.obs.shape[0]
 
         # One online forward over obs and next_obs together: half the per-call overhead
@@ -261,7 +263,7 @@ class _NumpyUpdate:
         learner = self.learner
         learner._acting_noise.save()
         for layer in learner._noisy:  # online first, then target: as the autograd path
-            layer.reset_noise()
+            layer.reset_noise(scale=learner.update_noise)
         obs, next_obs = batch.obs.numpy(), batch.next_obs.numpy()
         actions = batch.actions.numpy()
         batch_size = len(actions)

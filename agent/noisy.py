@@ -119,19 +119,22 @@ class NoisyLinear(nn.Module):
         """The bias noise, which is the output factor itself (a view, not a copy)."""
         return self.epsilon_out
 
-    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+    def reset_noise(self, generator: torch.Generator | None = None, scale: float = 1.0) -> None:
         """Draw fresh factorised noise into the existing buffers (addresses unchanged).
 
         The buffers live with ``weight_sigma`` (``.to()`` moves them together), so
         the noise is drawn where the weights are. ``generator`` must be on that
         device; without one, the device's default generator is used. (Buffers
         never require grad, so no autograd context is needed: entering one per
-        layer costs more than the noise on a CPU.)
+        layer costs more than the noise on a CPU.) ``scale`` multiplies the output
+        factor, and so the weight and the bias noise alike (the same draws).
         """
         eps = self.epsilon
         eps.normal_(generator=generator)
         sign = eps.sign()
         eps.abs_().sqrt_().mul_(sign)  # f(x) = sgn(x) sqrt(|x|), in place
+        if scale != 1.0:
+            eps[self.in_features :].mul_(scale)
         torch.outer(eps[self.in_features :], eps[: self.in_features], out=self.weight_epsilon)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -184,7 +184,7 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         max_grad_norm=cfg.max_grad_norm,
         tau=cfg.tau,
         noise=noisy,  # epsilon-greedy: the noise is off in learning too, not only in acting
-        noisy_updates=cfg.noisy_updates,
+        update_noise=cfg.update_noise,
     )
     return Agent(q_network, target_network, replay, selector, greedy, learner)
 

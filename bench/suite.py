@@ -372,7 +372,7 @@ def main() -> int:
     p.add_argument("--sb3-seeds", type=int, default=3, help="first N of --seeds for SB3 (0: none)")
     p.add_argument("--no-ablation", action="store_true", help="skip the epsilon-greedy runs")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override for both of our agents, e.g. noisy_updates=false "
+                   help="a config override for both of our agents, e.g. update_noise=0 "
                         "(repeatable; named in each env's header)")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time")
     p.add_argument("--plot-dir", type=Path, help="write <env>.png learning curves here")

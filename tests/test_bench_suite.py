@@ -43,14 +43,14 @@ def test_config_used_names_the_env_yaml_or_says_there_is_none(suite):
 
 
 def test_set_reaches_both_of_our_agents_and_the_ablation_keeps_its_noise_off(suite):
-    noisy = suite.our_args(suite.AGENTS[0], ["noisy_updates=false", "lr=0.001"])
-    assert noisy == ["--set", "noisy_updates=false", "--set", "lr=0.001"]
+    noisy = suite.our_args(suite.AGENTS[0], ["update_noise=0", "lr=0.001"])
+    assert noisy == ["--set", "update_noise=0", "--set", "lr=0.001"]
     ablation = suite.our_args(suite.AGENTS[1], ["noisy_layers=all"])
     assert ablation[:2] == ["--set", "noisy_layers=all"]
     assert ablation[-2:] == ["--set", "noisy_layers=none"]  # the later --set wins
     assert suite.our_args(suite.AGENTS[0], []) == []
-    assert suite.config_used("FrozenLake-v1", ["noisy_updates=false"]).endswith(
-        "< --set noisy_updates=false"
+    assert suite.config_used("FrozenLake-v1", ["update_noise=0"]).endswith(
+        "< --set update_noise=0"
     )
 
 

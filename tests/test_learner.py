@@ -123,12 +123,12 @@ def test_update_uses_fresh_noise_and_leaves_the_acting_noise_in_place() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_without_noisy_updates_a_step_is_the_mean_network_s_step(backend: str) -> None:
-    """noisy_updates=False: the same step as a noise-free learner, no noise drawn, sigmas
+def test_with_update_noise_0_a_step_is_the_mean_network_s_step(backend: str) -> None:
+    """update_noise=0: the same step as a noise-free learner, no noise drawn, sigmas
     unchanged, and the acting noise (switch and buffers) as it was."""
     torch.manual_seed(0)
     net = QNetwork((4,), 2, (16, 16), noisy_layers="all", dtype=torch.float64)
-    acting = Learner(net, copy.deepcopy(net), lr=1e-2, noisy_updates=False, backend=backend)
+    acting = Learner(net, copy.deepcopy(net), lr=1e-2, update_noise=0.0, backend=backend)
     plain_net = copy.deepcopy(net)
     plain = Learner(plain_net, copy.deepcopy(net), lr=1e-2, noise=False, backend=backend)
     sigmas = {k: v.clone() for k, v in net.state_dict().items() if "sigma" in k}
@@ -143,6 +143,25 @@ def test_without_noisy_updates_a_step_is_the_mean_network_s_step(backend: str) -
     assert all(layer.noise_enabled for layer in net._noisy)  # it still acts noisily
     assert all(torch.equal(a, b) for a, b in zip(noise, net.buffers(), strict=True))
     assert not any(layer.noise_enabled for layer in acting.target_network._noisy)
+
+
+def test_update_noise_scales_the_noise_the_update_runs_with() -> None:
+    # Forward hooks see the noise of the update: half of what the same draws give at 1.
+    seen: dict[float, list[torch.Tensor]] = {}
+    for scale in (1.0, 0.5):
+        learner = _learner(backend="torch", update_noise=scale)
+        layers = [learner.q_network._noisy[0], learner.target_network._noisy[0]]
+        for layer in layers:
+            layer.register_forward_hook(
+                lambda m, i, o, s=scale: seen.setdefault(s, []).append(
+                    torch.cat([m.weight_epsilon.flatten(), m.bias_epsilon])
+                )
+            )
+        torch.manual_seed(7)
+        learner.update(_batch())
+    assert len(seen[1.0]) == len(seen[0.5]) == 2  # the online and the target forward
+    for full, half in zip(seen[1.0], seen[0.5], strict=True):
+        torch.testing.assert_close(half, 0.5 * full)
 
 
 def test_hard_and_polyak_target_sync() -> None:
@@ -201,22 +220,22 @@ def test_optimizer_state_round_trip(backend: str) -> None:
     assert b.updates == 4
 
 
-@pytest.mark.parametrize("noisy_updates", [True, False])
+@pytest.mark.parametrize("update_noise", [1.0, 0.5, 0.0])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_update_keeps_device_and_dtype(
-    device: str, dtype: torch.dtype, noisy_updates: bool
+    device: str, dtype: torch.dtype, update_noise: float
 ) -> None:
-    learner = _learner(device, dtype, noisy_updates=noisy_updates)
+    learner = _learner(device, dtype, update_noise=update_noise)
     loss = learner.update(_batch(device=device, dtype=dtype))
     assert loss.device.type == device and loss.dtype == dtype
     for p in learner.q_network.parameters():
         assert p.device.type == device and p.dtype == dtype
 
 
-@pytest.mark.parametrize("noisy_updates", [True, False])
-def test_update_on_meta_creates_nothing_elsewhere(noisy_updates: bool) -> None:
-    learner = _learner("meta", noisy_updates=noisy_updates)
+@pytest.mark.parametrize("update_noise", [1.0, 0.5, 0.0])
+def test_update_on_meta_creates_nothing_elsewhere(update_noise: float) -> None:
+    learner = _learner("meta", update_noise=update_noise)
     loss = learner.update(_batch(device="meta"))
     assert loss.device.type == "meta"
     learner.sync_target()
@@ -257,7 +276,8 @@ def _assert_same_learners(a: Learner, b: Learner) -> None:
         {"loss": "mse", "max_grad_norm": None},
         {"huber_delta": 0.05, "max_grad_norm": 0.5},  # the Huber's linear part and clipping
         {"noise": False},
-        {"noisy_updates": False},
+        {"update_noise": 0.0},
+        {"update_noise": 0.5},
         {"tau": 0.1},
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "defaults",

@@ -76,6 +76,15 @@ def test_generator_makes_noise_reproducible() -> None:
     torch.testing.assert_close(a.weight_epsilon, b.weight_epsilon, rtol=0, atol=0)
 
 
+def test_scaled_noise_is_the_same_draw_scaled() -> None:
+    full, half = NoisyLinear(5, 3), NoisyLinear(5, 3)
+    full.reset_noise(torch.Generator().manual_seed(3))
+    half.reset_noise(torch.Generator().manual_seed(3), scale=0.5)
+    torch.testing.assert_close(half.weight_epsilon, 0.5 * full.weight_epsilon)
+    torch.testing.assert_close(half.bias_epsilon, 0.5 * full.bias_epsilon)
+    assert torch.equal(half.epsilon_in, full.epsilon_in)  # one factor scaled, not both
+
+
 def test_forward_matches_formula_and_gradients_reach_mu_and_sigma() -> None:
     torch.manual_seed(0)
     layer = NoisyLinear(5, 3)

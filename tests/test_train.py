@@ -524,18 +524,18 @@ def test_epsilon_exploration_turns_the_noise_off_in_learning_too(tmp_path: Path)
     assert not torch.allclose(params["head.0.weight_mu"], torch.zeros(1))
 
 
-@pytest.mark.parametrize("noisy_updates", [True, False])
-def test_noisy_updates_false_keeps_the_noise_for_acting_only(
-    tmp_path: Path, noisy_updates: bool
+@pytest.mark.parametrize("update_noise", [1.0, 0.0])
+def test_update_noise_0_keeps_the_noise_for_acting_only(
+    tmp_path: Path, update_noise: float
 ) -> None:
-    # false: updates on the mean weights, so the sigmas keep their initial values while
-    # the policy still acts on noise (it differs from the noise-free one somewhere).
-    overrides = {**SHORT, "noisy_layers": "all", "noisy_updates": noisy_updates,
+    # 0: updates on the mean weights, so the sigmas keep their initial values while the
+    # policy still acts on noise (it differs from the noise-free one somewhere).
+    overrides = {**SHORT, "noisy_layers": "all", "update_noise": update_noise,
                  "total_steps": 1_000, "eval_interval": 0}  # fmt: skip
     cfg = load_config("CartPole-v1", overrides=overrides)
     train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
     saved = (tmp_path / "run" / "config.yaml").read_text()
-    assert f"noisy_updates: {str(noisy_updates).lower()}" in saved
+    assert f"update_noise: {update_noise}" in saved
     params = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["q_network"]
     sigmas = {k: v for k, v in params.items() if k.endswith("sigma")}
     # Initialised to sigma0 / sqrt(fan_in), the width of the layer's input.
@@ -545,7 +545,7 @@ def test_noisy_updates_false_keeps_the_noise_for_acting_only(
         for k, v in sigmas.items()
     ]
     assert len(sigmas) == 6
-    assert all(unchanged) if not noisy_updates else not any(unchanged)
+    assert all(unchanged) if update_noise == 0 else not any(unchanged)
     disagreement = _events(tmp_path / "run").Scalars("exploration/action_disagreement")
     assert max(e.value for e in disagreement) > 0
 
