@@ -93,6 +93,8 @@ class Learner:
     ) -> None:
         if backend not in ("auto", "torch", "numpy"):
             raise ValueError(f"backend must be auto, torch or numpy, got {backend!r}")
+        if update_noise < 0:
+            raise ValueError(f"update_noise must be >= 0, got {update_noise}")
         if loss not in ("huber", "mse"):
             raise ValueError(f"loss must be huber or mse, got {loss!r}")
         self.q_network = q_network

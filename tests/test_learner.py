@@ -145,6 +145,11 @@ def test_with_update_noise_0_a_step_is_the_mean_network_s_step(backend: str) -> 
     assert not any(layer.noise_enabled for layer in acting.target_network._noisy)
 
 
+def test_negative_update_noise_is_refused() -> None:
+    with pytest.raises(ValueError, match="update_noise must be >= 0"):
+        _learner(update_noise=-0.5)
+
+
 def test_update_noise_scales_the_noise_the_update_runs_with() -> None:
     # Forward hooks see the noise of the update: half of what the same draws give at 1.
     seen: dict[float, list[torch.Tensor]] = {}
