@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent.noisy import NoiseSnapshot, noisy_layers, set_noise
+from agent.noisy import NoiseSnapshot, noise_switched, noisy_layers, set_noise
 from agent.numpy_grad import GradientSink, NumpyGrad
 from agent.optim import Adam
 
@@ -104,13 +104,13 @@ class Learner:
         self.huber_delta = huber_delta
         self.max_grad_norm = max_grad_norm
         self.tau = tau
+        draws = noise and update_noise > 0  # the updates run on noise of their own
         if not noise:
             set_noise(q_network, False)
-        if not (noise and update_noise > 0):  # the target network never acts
+        if not draws:  # the target network never acts
             set_noise(target_network, False)
         self.target_network.requires_grad_(False)
         # Found once (by type): the reset runs before every update.
-        draws = noise and update_noise > 0
         self.update_noise = update_noise
         online = noisy_layers(q_network) if draws else []
         self._noisy = [*online, *(noisy_layers(target_network) if draws else [])]
@@ -145,15 +145,8 @@ class Learner:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
         if not self._mean_for_update:
             return self._update(batch)
-        layers = self._mean_for_update
-        acting = [layer.noise_enabled for layer in layers]
-        for layer in layers:
-            layer.noise_enabled = False
-        try:
+        with noise_switched(self._mean_for_update, False):
             return self._update(batch)
-        finally:
-            for layer, enabled in zip(layers, acting, strict=True):
-                layer.noise_enabled = enabled
 
     def _update(self, batch: BatchLike) -> torch.Tensor:
         if self._numpy is not None:

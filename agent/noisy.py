@@ -28,6 +28,7 @@ __all__ = [
     "NoiseSnapshot",
     "NoisyLinear",
     "noise_disabled",
+    "noise_switched",
     "noisy_layers",
     "reset_noise",
     "set_noise",
@@ -180,12 +181,19 @@ def set_noise(module: nn.Module, enabled: bool) -> None:
 @contextlib.contextmanager
 def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
     """Context manager: forward with the mean weights only, restoring each layer's switch after."""
-    layers = noisy_layers(module)
+    with noise_switched(noisy_layers(module), False):
+        yield module
+
+
+@contextlib.contextmanager
+def noise_switched(layers: list[NoisyLinear], enabled: bool) -> Iterator[None]:
+    """Context manager: ``layers`` (found once by the caller) with their noise switched
+    on or off, each layer's own switch restored after."""
     previous = [layer.noise_enabled for layer in layers]
     try:
         for layer in layers:
-            layer.noise_enabled = False
-        yield module
+            layer.noise_enabled = enabled
+        yield
     finally:
         for layer, was in zip(layers, previous, strict=True):
             layer.noise_enabled = was
