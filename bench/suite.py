@@ -382,6 +382,7 @@ def main() -> int:
     p.add_argument("--from-json", type=Path,
                    help="take the runs from an earlier --json instead of training")
     args = p.parse_args()
+    with_set = "".join(f" --set {kv}" for kv in args.set)  # our agents' overrides, as typed
     envs = args.envs.split(",")
     thresholds: dict[str, tuple[float | None, str]] = {}
     for env_id in envs:
@@ -496,15 +497,14 @@ def main() -> int:
             budget = max(max((s for s, _ in r["eval_curve"]), default=0)
                          for res in agents.values() for r in res)
             path = args.plot_dir / f"{env_id}.png"
-            with_set = "".join(f" --set {kv}" for kv in args.set)
             plot(env_id, {(n if n == AGENTS[2] else n.replace(")", f"{with_set})", 1)):
                           [r["eval_curve"] for r in res] for n, res in agents.items()},
                  budget, path, threshold)
             print(f"\nplot: {path}")
     if not args.no_ablation:
-        command = "The default command" + "".join(f" --set {kv}" for kv in args.set)
         print_comparison(envs, thresholds, results,
-                         title=f"{command} against its epsilon-greedy ablation")
+                         title=f"The default command{with_set} against its epsilon-greedy "
+                               "ablation")
     if args.final_episodes and not args.no_ablation:
         # The same comparison on the N-episode means of the final policies.
         more = {e: {a: [{**r, "final_eval_return": r["final_more_return"]}
