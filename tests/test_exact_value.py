@@ -12,7 +12,7 @@ import torch
 
 from agent.errors import UserError
 from envs import make_env
-from tests.conftest import train_checkpoint
+from conftest import train_checkpoint
 
 EXACT_PATH = Path(__file__).resolve().parent.parent / "bench" / "exact_value.py"
 LEFT, DOWN, RIGHT, UP = range(4)
