@@ -3,22 +3,17 @@ noisy-against-epsilon comparison the generality goal of issue 12 reads."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from conftest import load_bench_script
 
-SUITE_PATH = Path(__file__).resolve().parent.parent / "bench" / "suite.py"
 
 
 @pytest.fixture(scope="module")
 def suite():
-    spec = importlib.util.spec_from_file_location("bench_suite", SUITE_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("suite")
 
 
 def run(final: float, curve: list | None = None) -> dict:

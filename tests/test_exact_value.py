@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -12,18 +9,14 @@ import torch
 
 from agent.errors import UserError
 from envs import make_env
-from conftest import train_checkpoint
+from conftest import load_bench_script, train_checkpoint
 
-EXACT_PATH = Path(__file__).resolve().parent.parent / "bench" / "exact_value.py"
 LEFT, DOWN, RIGHT, UP = range(4)
 
 
 @pytest.fixture(scope="module")
 def exact():
-    spec = importlib.util.spec_from_file_location("bench_exact_value", EXACT_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("exact_value")
 
 
 def shortest_path_table() -> np.ndarray:
