@@ -32,7 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.errors import UserError
 
-__all__ = ["expected_return", "greedy_table", "state_observation", "tabular_model"]
+__all__ = [
+    "exact_value_of_checkpoint",
+    "expected_return",
+    "greedy_table",
+    "state_observation",
+    "tabular_model",
+]
 
 
 class TabularModel:
