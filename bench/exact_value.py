@@ -33,16 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.errors import UserError
 
 __all__ = [
+    "TabularModel",
     "exact_value_of_checkpoint",
     "expected_return",
     "greedy_table",
     "state_observation",
-    "tabular_model",
 ]
 
 
 class TabularModel:
-    """A tabular env's model as arrays: outcomes of each (state, action), start distribution."""
+    """A tabular env's model as arrays: outcomes of each (state, action), start distribution
+    (raises :class:`UserError` when the env publishes none)."""
 
     def __init__(self, env: gym.Env) -> None:
         base = env.unwrapped
@@ -67,11 +68,6 @@ class TabularModel:
                     self.reward[s, a] += p * r
                     if not terminated:
                         self.next[s, a, s_next] += p
-
-
-def tabular_model(env: gym.Env) -> TabularModel:
-    """``env``'s model (raises :class:`UserError` when it publishes none)."""
-    return TabularModel(env)
 
 
 def expected_return(model: TabularModel, policy: np.ndarray, horizon: int) -> float:
@@ -112,32 +108,23 @@ def greedy_table(
 
 def exact_value_of_checkpoint(env_id: str, checkpoint: str | Path) -> tuple[float, np.ndarray]:
     """(expected return, action per state) of a checkpoint's noise-free greedy policy."""
-    import torch
-
-    from agent.noisy import noise_disabled
+    from agent.acting import ActionSelector
     from envs import make_env
     from run import _load_policy
 
     _, _, spec, env_kwargs, q_network = _load_policy(checkpoint, env_id, "cpu")
     env = make_env(env_id, env_kwargs=env_kwargs)
     try:
-        model = tabular_model(env)
+        model = TabularModel(env)
         if spec.max_episode_steps is None:
             raise UserError(
                 f"{env_id} has no time limit: train it with env_kwargs "
                 "{max_episode_steps: N} so that its episodes end"
             )
-        horizon = spec.max_episode_steps
-        q_network.eval()
-
-        @torch.no_grad()
-        def act(batch: np.ndarray) -> np.ndarray:
-            with noise_disabled(q_network):
-                obs = torch.as_tensor(batch, dtype=next(q_network.parameters()).dtype)
-                return q_network(obs).argmax(dim=1).numpy()
-
+        # --eval's policy, noise off, with every state in one batch
+        act = ActionSelector(q_network, spec.obs_shape, model.n_states, "cpu", noise=False)
         table = greedy_table(env, model.n_states, act)
-        return expected_return(model, table, horizon), table
+        return expected_return(model, table, spec.max_episode_steps), table
     finally:
         env.close()
 

@@ -28,7 +28,7 @@ def shortest_path_table() -> np.ndarray:
 
 
 def test_a_deterministic_path_is_worth_its_reward_only_within_the_time_limit(exact):
-    model = exact.tabular_model(gym.make("FrozenLake-v1", is_slippery=False))
+    model = exact.TabularModel(gym.make("FrozenLake-v1", is_slippery=False))
     table = shortest_path_table()
     assert exact.expected_return(model, table, horizon=6) == 1.0
     assert exact.expected_return(model, table, horizon=5) == 0.0  # cut one step short
@@ -44,7 +44,7 @@ def test_the_exact_return_is_what_sampled_episodes_converge_to(exact):
     is not trivially 0 or 1)."""
     env = gym.make("FrozenLake-v1")  # slippery, TimeLimit 100
     table = np.array([0, 3, 3, 3, 0, 0, 0, 0, 3, 1, 0, 0, 0, 2, 1, 0])
-    value = exact.expected_return(exact.tabular_model(env), table, horizon=100)
+    value = exact.expected_return(exact.TabularModel(env), table, horizon=100)
     returns = np.empty(20_000)
     env.reset(seed=0)
     for k in range(len(returns)):
@@ -64,7 +64,7 @@ def test_rewards_of_terminal_steps_count_and_the_start_distribution_weights(exac
     """CliffWalking: -1 a step, start at 36; walking right from the start falls off the
     cliff (-100, back to the start, not terminal), so a 3-step limit gives -300."""
     env = gym.make("CliffWalking-v1")
-    model = exact.tabular_model(env)
+    model = exact.TabularModel(env)
     assert model.initial[36] == 1.0
     table = np.full(model.n_states, 1)  # RIGHT in CliffWalking
     assert exact.expected_return(model, table, horizon=3) == pytest.approx(-300.0)
@@ -72,7 +72,7 @@ def test_rewards_of_terminal_steps_count_and_the_start_distribution_weights(exac
 
 def test_an_env_without_a_model_is_a_user_error(exact):
     with pytest.raises(UserError, match="no transition table"):
-        exact.tabular_model(gym.make("CartPole-v1"))
+        exact.TabularModel(gym.make("CartPole-v1"))
 
 
 def test_a_state_is_seen_as_training_sees_it(exact):
@@ -95,7 +95,7 @@ def test_a_checkpoint_is_valued_by_its_noise_free_greedy_actions(exact, tmp_path
     with torch.no_grad(), noise_disabled(q_network):
         expected_table = q_network(torch.eye(16)).argmax(dim=1).numpy()
     np.testing.assert_array_equal(table, expected_table)
-    model = exact.tabular_model(gym.make("FrozenLake-v1"))
+    model = exact.TabularModel(gym.make("FrozenLake-v1"))
     assert value == exact.expected_return(model, table, horizon=100)
 
     assert exact.main(["--env", "FrozenLake-v1", str(checkpoint)]) == 0
