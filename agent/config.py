@@ -94,8 +94,9 @@ class Config:
     """Transitions per gradient update."""
     learning_starts: int = 500
     """Environment steps collected before the first update."""
-    random_starts: int = 100
-    """Uniform random actions for this many first env steps (SB3 and CleanRL: learning_starts)."""
+    random_starts: int = 15_000
+    """Uniform random actions for this many first env steps (SB3 and CleanRL: learning_starts);
+    learning starts at learning_starts all the same, off-policy on the random data."""
     train_freq: int = 3
     """One gradient update every this many environment steps."""
     lr: float = 4e-3

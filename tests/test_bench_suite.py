@@ -34,7 +34,7 @@ def test_thresholds_come_from_issue_12_then_the_table_then_the_registry(suite):
 
 def test_config_used_names_the_env_yaml_or_says_there_is_none(suite):
     assert suite.config_used("Acrobot-v1") == "configs/default.yaml < configs/Acrobot-v1.yaml"
-    assert suite.config_used("MountainCar-v0").endswith("(no YAML of its own)")
+    assert suite.config_used("FrozenLake-v1").endswith("(no YAML of its own)")
 
 
 def test_set_reaches_both_of_our_agents_and_the_ablation_keeps_its_noise_off(suite):
