@@ -377,6 +377,10 @@ def train(
         n = cfg.num_envs
         echo(f"run directory: {run_dir}")
         echo(f"watch it with: tensorboard --logdir {run_dir.parent}")
+        if counters.global_step < cfg.random_starts:  # not again on a resume past the warm-up
+            whole = " (the whole run)" if cfg.random_starts >= cfg.total_steps else ""
+            echo(f"uniform random actions for the first {cfg.random_starts:,} steps{whole}: "
+                 "random_starts; --set random_starts=N to change it")
 
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         while counters.global_step < cfg.total_steps:

@@ -129,6 +129,41 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: 
     assert result_a["eval_curve"] == result_b["eval_curve"]
 
 
+def test_the_random_warm_up_is_announced_until_it_is_over(tmp_path: Path) -> None:
+    def warm_up_lines(cfg, run_dir, checkpoint=None) -> list[str]:
+        lines: list[str] = []
+        train(cfg, run_dir, checkpoint=checkpoint, progress=False, echo=lines.append)
+        return [line for line in lines if line.startswith("uniform random actions")]
+
+    # FrozenLake-v1 runs on configs/default.yaml, whose warm-up outlasts this short run.
+    whole = load_config(
+        "FrozenLake-v1", overrides={**SHORT, "total_steps": 600, "eval_interval": 0}
+    )
+    assert whole.random_starts >= 600
+    assert warm_up_lines(whole, tmp_path / "whole") == [
+        f"uniform random actions for the first {whole.random_starts:,} steps (the whole run): "
+        "random_starts; --set random_starts=N to change it"
+    ]
+    part = load_config(
+        "FrozenLake-v1",
+        overrides={**SHORT, "total_steps": 600, "eval_interval": 0, "random_starts": 300,
+                   "checkpoint_interval": 600},
+    )
+    assert warm_up_lines(part, tmp_path / "part") == [
+        "uniform random actions for the first 300 steps: random_starts; --set random_starts=N "
+        "to change it"
+    ]
+    # Resumed past the warm-up, or with none (CartPole-v1's YAML): nothing to announce.
+    longer = load_config(
+        "FrozenLake-v1",
+        overrides={**SHORT, "total_steps": 900, "eval_interval": 0, "random_starts": 300},
+    )
+    done = load_checkpoint(tmp_path / "part" / "checkpoints" / "last.pt")
+    assert warm_up_lines(longer, tmp_path / "part", checkpoint=done) == []
+    none = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 300, "eval_interval": 0})
+    assert none.random_starts == 0 and warm_up_lines(none, tmp_path / "none") == []
+
+
 @pytest.mark.parametrize(
     ("env_id", "length"), [("NoisyDQN/Cue-v0", 5), ("NoisyDQN/CueTruncated-v0", 7)]
 )
