@@ -18,8 +18,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import run
 from agent.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
-from agent.config import load_config
+from agent.config import Config, load_config
 from agent.train import train
+from conftest import load_bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,34 +131,29 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: 
 
 
 def test_the_random_warm_up_is_announced_until_it_is_over(tmp_path: Path) -> None:
+    def frozenlake(**overrides: object) -> Config:  # configs/default.yaml: no YAML of its own
+        return load_config(
+            "FrozenLake-v1", overrides={**SHORT, "eval_interval": 0, **overrides}
+        )
+
     def warm_up_lines(cfg, run_dir, checkpoint=None) -> list[str]:
         lines: list[str] = []
         train(cfg, run_dir, checkpoint=checkpoint, progress=False, echo=lines.append)
         return [line for line in lines if line.startswith("uniform random actions")]
 
-    # FrozenLake-v1 runs on configs/default.yaml, whose warm-up outlasts this short run.
-    whole = load_config(
-        "FrozenLake-v1", overrides={**SHORT, "total_steps": 600, "eval_interval": 0}
-    )
+    whole = frozenlake(total_steps=600)  # the default warm-up outlasts this short run
     assert whole.random_starts >= 600
     assert warm_up_lines(whole, tmp_path / "whole") == [
         f"uniform random actions for the first {whole.random_starts:,} steps (the whole run): "
         "random_starts; --set random_starts=N to change it"
     ]
-    part = load_config(
-        "FrozenLake-v1",
-        overrides={**SHORT, "total_steps": 600, "eval_interval": 0, "random_starts": 300,
-                   "checkpoint_interval": 600},
-    )
+    part = frozenlake(total_steps=600, random_starts=300, checkpoint_interval=600)
     assert warm_up_lines(part, tmp_path / "part") == [
         "uniform random actions for the first 300 steps: random_starts; --set random_starts=N "
         "to change it"
     ]
     # Resumed past the warm-up, or with none (CartPole-v1's YAML): nothing to announce.
-    longer = load_config(
-        "FrozenLake-v1",
-        overrides={**SHORT, "total_steps": 900, "eval_interval": 0, "random_starts": 300},
-    )
+    longer = frozenlake(total_steps=900, random_starts=300)
     done = load_checkpoint(tmp_path / "part" / "checkpoints" / "last.pt")
     assert warm_up_lines(longer, tmp_path / "part", checkpoint=done) == []
     none = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 300, "eval_interval": 0})
@@ -282,8 +278,6 @@ def test_default_config_is_not_stuck_on_frozenlake(tmp_path: Path, seed: int) ->
     # seeds whose final policy was the stuck one worth 0.330 with the old 100-step random
     # warm-up (DOWN next to the goal). The exact value of the greedy policy, not a sampled
     # mean, so the bar (the optimum is 0.740) does not depend on evaluation luck.
-    from conftest import load_bench_script
-
     cfg = load_config("FrozenLake-v1", overrides={"seed": seed, "device": "cpu"})
     train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
     exact = load_bench_script("exact_value")
