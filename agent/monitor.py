@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from agent.noisy import NoiseSnapshot, noise_disabled, noisy_layers
+from agent.noisy import NoiseSnapshot, noise_disabled, noise_switched, noisy_layers
 
 __all__ = ["Monitor", "action_disagreement", "exploration_stats", "noise_stats", "q_gap"]
 
@@ -62,19 +62,16 @@ def _noisy_greedy(
     obs = obs.to(_device(q_network))
     snapshot = NoiseSnapshot(layers)
     snapshot.save()
-    switches = [layer.noise_enabled for layer in layers]
     try:
-        actions = []
-        for chunk in obs.chunk(max(1, draws)):
-            for layer in layers:
-                layer.noise_enabled = True
-                layer.reset_noise(generator)
-            actions.append(q_network(chunk).argmax(dim=1))
-        return torch.cat(actions)
+        with noise_switched(layers, True):
+            actions = []
+            for chunk in obs.chunk(max(1, draws)):
+                for layer in layers:
+                    layer.reset_noise(generator)
+                actions.append(q_network(chunk).argmax(dim=1))
+            return torch.cat(actions)
     finally:
         snapshot.restore()  # in place: a captured graph keeps reading these buffers
-        for layer, enabled in zip(layers, switches, strict=True):
-            layer.noise_enabled = enabled
 
 
 @torch.no_grad()

@@ -10,7 +10,6 @@ import pytest
 from conftest import load_bench_script
 
 
-
 @pytest.fixture(scope="module")
 def suite():
     return load_bench_script("suite")
