@@ -62,6 +62,7 @@ from agent.replay import (
     _torch_dtype,
     check_arguments,
     check_config_state,
+    check_explored,
     config_state,
     check_step,
 )
@@ -219,13 +220,15 @@ class FrameReplayBuffer:
         next_obs: np.ndarray | torch.Tensor,
         terminated: np.ndarray | torch.Tensor,
         truncated: np.ndarray | torch.Tensor,
+        explored: np.ndarray | None = None,
     ) -> None:
         """Store one step of every env (arrays with a leading ``num_envs`` dimension).
 
         As :meth:`ReplayBuffer.add <agent.replay.ReplayBuffer.add>`: ``next_obs`` is the
         true next observation, ``terminated`` stops bootstrapping, ``truncated`` ends the
-        n-step windows but bootstraps. A ``terminated`` step whose env is not reset (a
-        lost life) is fine: the next ``obs`` continues the same frames.
+        n-step windows but bootstraps, ``explored`` ends them before a random action. A
+        ``terminated`` step whose env is not reset (a lost life) is fine: the next
+        ``obs`` continues the same frames.
         """
         obs, actions, rewards, next_obs, terminated, truncated = check_step(
             (obs, actions, rewards, next_obs, terminated, truncated),
@@ -233,6 +236,7 @@ class FrameReplayBuffer:
             self._obs_in_dtype,
             self.num_envs,
         )
+        explored = check_explored(explored, self.num_envs)
         terminated, truncated = terminated != 0, truncated != 0
 
         # Vectorised checks over all envs: does obs continue, does next_obs slide by one?
@@ -243,6 +247,8 @@ class FrameReplayBuffer:
         ended = terminated | truncated
         for e in range(self.num_envs):
             obs_stack = self._cur_stack[e].copy() if cont[e] else self._new_segment(e, obs[e])
+            if explored is not None and explored[e]:
+                self._end_windows(e, obs_stack, terminated=False)
             if slide[e]:
                 wpos = self._write(e, next_obs[e, -1])
                 next_stack = self._stack(e, wpos)
@@ -313,15 +319,20 @@ class FrameReplayBuffer:
             self._win_act[e, :-1] = self._win_act[e, 1:].copy()
             self._win_rew[e, :-1] = self._win_rew[e, 1:].copy()
             k -= 1
-        if ended:  # flush the shorter windows left, oldest first
-            for j in range(k):
-                steps = k - j
-                ret = float(self._win_rew[e, j:k] @ self._gamma_pows[:steps])
-                self._emit(
-                    self._win_obs[e, j], self._win_act[e, j], ret, next_stack, terminated, steps
-                )
-            k = 0
         self._wlen[e] = k
+        if ended:
+            self._end_windows(e, next_stack, terminated)
+
+    def _end_windows(self, e: int, final_stack: np.ndarray, terminated: bool) -> None:
+        """Emit env e's pending windows (shorter than n), oldest first, ending at final_stack."""
+        k = int(self._wlen[e])
+        for j in range(k):
+            steps = k - j
+            ret = float(self._win_rew[e, j:k] @ self._gamma_pows[:steps])
+            self._emit(
+                self._win_obs[e, j], self._win_act[e, j], ret, final_stack, terminated, steps
+            )
+        self._wlen[e] = 0
 
     def _emit(
         self,

@@ -155,6 +155,19 @@ def check_arguments(
     return obs_shape
 
 
+def check_explored(explored: Any, num_envs: int) -> np.ndarray | None:
+    """``add``'s ``explored`` as a (num_envs,) bool array, None if none is marked."""
+    if explored is None:
+        return None
+    explored = np.asarray(explored)
+    if explored.shape != (num_envs,) or explored.dtype != np.bool_:
+        raise ValueError(
+            f"explored: expected a bool array of shape ({num_envs},), "
+            f"got {explored.dtype} {explored.shape}"
+        )
+    return explored if explored.any() else None
+
+
 def check_step(
     step: tuple[Any, Any, Any, Any, Any, Any],
     obs_shape: tuple[int, ...],
@@ -382,12 +395,17 @@ class ReplayBuffer:
         next_obs: np.ndarray | torch.Tensor,
         terminated: np.ndarray | torch.Tensor,
         truncated: np.ndarray | torch.Tensor,
+        explored: np.ndarray | None = None,
     ) -> None:
         """Store one step of every env (arrays with a leading ``num_envs`` dimension).
 
         ``next_obs`` is the true next observation: the final one where an episode
         ended. ``terminated`` stops bootstrapping; ``truncated`` (a time limit) ends
-        the n-step windows but still bootstraps from ``next_obs``.
+        the n-step windows but still bootstraps from ``next_obs``. ``explored`` (E,)
+        bool marks envs whose action this step was a random one, not the policy's: the
+        n-step returns of their earlier steps end before it and bootstrap from ``obs``,
+        so that no return carries the consequences of an action the policy would not
+        take (Watkins's Q(lambda) cuts its traces at exploratory actions the same way).
         """
         obs, actions, rewards, next_obs, terminated, truncated = check_step(
             (obs, actions, rewards, next_obs, terminated, truncated),
@@ -395,6 +413,7 @@ class ReplayBuffer:
             self._obs_in_dtype,
             self.num_envs,
         )
+        explored = check_explored(explored, self.num_envs)
         if terminated.dtype != np.bool_:
             terminated = terminated != 0
         if truncated.dtype != np.bool_:
@@ -406,6 +425,8 @@ class ReplayBuffer:
         if self.n_step == 1:
             self._emit(obs, actions, rewards, next_obs, terminated, self.gamma)
         else:
+            if explored is not None:
+                self._cut(obs, explored)
             self._add_nstep(obs, actions, rewards, next_obs, terminated, truncated)
         if self._write_slots is not None:
             self._commit_staged()
@@ -464,6 +485,16 @@ class ReplayBuffer:
             for env in ended.nonzero()[0]:
                 self._flush_env(int(env), s, next_obs[env], bool(terminated[env]))
             self._last_start = self._t
+
+    def _cut(self, obs: np.ndarray, explored: np.ndarray) -> None:
+        """End the pending windows of the explored envs before this step, at ``obs``."""
+        envs = explored.nonzero()[0]
+        if len(envs) == 0:
+            return
+        last = (self._t - 1) % self.n_step  # the slot of the previous step
+        for env in envs:
+            self._flush_env(int(env), last, obs[env], terminated=False)
+        self._last_start = self._t  # their next windows start with this step
 
     def _flush_env(self, env: int, s: int, final_obs: np.ndarray, terminated: bool) -> None:
         """Emit env's pending windows shorter than n (episode ended at the step in slot s)."""

@@ -40,11 +40,20 @@ def frames_vector_env(num_envs: int, padding: str = "reset", **kwargs) -> gym.ve
     )
 
 
-def drive(buffers, num_envs: int, steps: int, seed: int = 0, life_loss: bool = True, **kw):
+def drive(
+    buffers,
+    num_envs: int,
+    steps: int,
+    seed: int = 0,
+    life_loss: bool = True,
+    p_explored: float = 0.0,
+    **kw,
+):
     """Step a frames vector env like agent/train.py does and add every step to ``buffers``.
 
     A lost life is passed as terminated (the env is *not* reset), as the loop does with
-    terminal_on_life_loss. Returns the number of transitions added.
+    terminal_on_life_loss. With ``p_explored``, that share of steps is marked as a random
+    action (``explored``). Returns the number of transitions added.
     """
     venv = frames_vector_env(num_envs, **kw)
     rng = np.random.default_rng(seed)
@@ -55,8 +64,9 @@ def drive(buffers, num_envs: int, steps: int, seed: int = 0, life_loss: bool = T
         next_obs, rewards, terminated, truncated, info = venv.step(actions)
         term = terminated | (info["lives"] < lives) if life_loss else terminated
         lives = info["lives"].copy()
+        explored = rng.random(num_envs) < p_explored if p_explored else None
         for buf in buffers:
-            buf.add(obs, actions, rewards, next_obs, term, truncated)
+            buf.add(obs, actions, rewards, next_obs, term, truncated, explored)
         done = terminated | truncated
         if done.any():
             draws = rng.integers(1 << 30, size=num_envs)
@@ -104,6 +114,17 @@ def test_frame_replay_equals_full_observation_replay(n_step, padding, truncate) 
     # The reset stack ([f0] * 4) costs one frame, so about one frame per step is stored.
     if padding == "reset":
         assert frames._count.sum() < 1.1 * 900 + 3 * 60
+
+
+def test_frame_replay_cuts_n_step_windows_at_explored_actions_as_full_replay_does() -> None:
+    shape = (4, 8, 8)
+    full = ReplayBuffer(20_000, shape, np.uint8, device="cpu", n_step=3, num_envs=3)
+    frames = FrameReplayBuffer(20_000, shape, np.uint8, device="cpu", n_step=3, num_envs=3)
+    drive([full, frames], 3, 300, padding="reset", p_explored=0.2)
+    uncut = ReplayBuffer(20_000, shape, np.uint8, device="cpu", n_step=3, num_envs=3)
+    drive([uncut], 3, 300, padding="reset")  # the same steps without the marks
+    assert len(frames) == len(full) > len(uncut)  # a cut emits its windows early
+    assert transitions(all_of(frames)) == transitions(all_of(full))
 
 
 @pytest.mark.parametrize("n_step", [1, 3])

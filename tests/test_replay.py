@@ -68,29 +68,46 @@ def random_steps(num_envs: int, steps: int, seed: int, p_term=0.08, p_trunc=0.06
     )
 
 
-def feed(buf: ReplayBuffer, s: Steps, start: int = 0, stop: int | None = None) -> None:
+def feed(
+    buf: ReplayBuffer,
+    s: Steps,
+    start: int = 0,
+    stop: int | None = None,
+    explored: np.ndarray | None = None,
+) -> None:
     for t in range(start, len(s.obs) if stop is None else stop):
         buf.add(
-            s.obs[t], s.actions[t], s.rewards[t], s.next_obs[t], s.terminated[t], s.truncated[t]
-        )
+            s.obs[t], s.actions[t], s.rewards[t], s.next_obs[t], s.terminated[t], s.truncated[t],
+            None if explored is None else explored[t],
+        )  # fmt: skip
 
 
-def reference(s: Steps, n: int, gamma: float) -> dict[tuple[int, int], tuple]:
+def reference(
+    s: Steps, n: int, gamma: float, explored: np.ndarray | None = None
+) -> dict[tuple[int, int], tuple]:
     """Brute force: (env, t) -> (action, n-step return, next_obs, done, discount).
 
-    Only windows that are finished (n steps seen, or the episode ended) are included.
+    Only windows that are finished (n steps seen, the episode ended, or the next step's
+    action was ``explored``: the window then bootstraps from that step's obs) are included.
     """
     steps, num_envs = s.actions.shape
     out = {}
     for e in range(num_envs):
         ended = s.terminated[:, e] | s.truncated[:, e]
         for t in range(steps):
-            k, last = 0, None
+            k, last, cut = 0, None, False
             while k < n and t + k < steps:
+                if k > 0 and explored is not None and explored[t + k, e]:
+                    cut = True
+                    break
                 last = t + k
                 k += 1
                 if ended[last]:
                     break
+            if cut:
+                ret = sum(gamma**j * s.rewards[t + j, e] for j in range(k))
+                out[(e, t)] = (s.actions[t, e], ret, s.obs[t + k, e], 0.0, gamma**k)
+                continue
             if k < n and not ended[last]:
                 continue  # data ran out before the window finished: still pending
             ret = sum(gamma**j * s.rewards[t + j, e] for j in range(k))
@@ -149,6 +166,49 @@ def test_nstep_matches_brute_force(device, storage, n_step, num_envs):
     assert {round(d, 9) for d in everything(buf).discounts.tolist()} == {
         round(gamma**k, 9) for k in range(1, n_step + 1)
     }
+
+
+@pytest.mark.parametrize(("device", "storage"), LAYOUTS)
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_nstep_windows_end_before_an_explored_action(device, storage, num_envs):
+    # Random actions on 15% of steps: every window that would run into one ends just
+    # before it and bootstraps from the obs where the random action was taken.
+    gamma = 0.9
+    s = random_steps(num_envs, steps=300, seed=7 + num_envs)
+    explored = np.random.default_rng(1).random(s.actions.shape) < 0.15
+    buf = ReplayBuffer(
+        10_000, (3,), np.float32, device=device, storage_device=storage, n_step=3,
+        gamma=gamma, num_envs=num_envs, float_dtype=torch.float64,
+    )  # fmt: skip
+    feed(buf, s, explored=explored)
+    want = reference(s, 3, gamma, explored)
+    got = as_dict(everything(buf))
+    assert got.keys() == want.keys() and len(buf) == len(want)
+    for key, (action, ret, next_obs, done, discount) in want.items():
+        g_action, g_ret, g_next_obs, g_done, g_discount = got[key]
+        assert g_action == action, key
+        assert g_ret == pytest.approx(ret, rel=1e-12, abs=1e-12), key
+        np.testing.assert_array_equal(g_next_obs, next_obs, err_msg=str(key))
+        assert (g_done, g_discount) == (done, pytest.approx(discount, rel=1e-12)), key
+    # The cut made a difference: some windows end before an explored step.
+    plain = reference(s, 3, gamma)
+    assert sum(want[k][4] != plain[k][4] for k in want if k in plain) > 10
+
+
+def test_nstep_cut_by_hand():
+    # Rewards 1..6, n = 3, gamma = 0.5; the action at step 3 was a random one.
+    buf = ReplayBuffer(16, (1,), np.int64, device="cpu", n_step=3, gamma=0.5)
+    for t in range(6):
+        buf.add([[t]], [0], [t + 1.0], [[t + 1]], [False], [t == 5], np.array([t == 3]))
+    b = everything(buf)
+    order = b.obs[:, 0].argsort()
+    assert b.obs[order, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    # Step 0's window (steps 0-2) never reached step 3; steps 1 and 2 stop before it.
+    assert b.rewards[order].tolist() == [2.75, 2 + 0.5 * 3, 3, 4 + 0.5 * 5 + 0.25 * 6, 5 + 3, 6]
+    assert b.next_obs[order, 0].tolist() == [3, 3, 3, 6, 6, 6]
+    assert b.discounts[order].tolist() == [0.125, 0.25, 0.5, 0.125, 0.25, 0.5]
+    with pytest.raises(ValueError, match="explored: expected a bool array of shape"):
+        buf.add([[6]], [0], [0.0], [[7]], [False], [False], np.array([1]))
 
 
 @pytest.mark.parametrize("terminated", [True, False])
