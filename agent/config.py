@@ -76,6 +76,12 @@ class Config:
     """Acting holds one noise sample for this many steps (1: fresh every step, as in the paper),
     or ``episode``: a new sample at every episode end (with num_envs > 1: whenever any
     sub-env's episode ends). Updates use their own noise and leave the acting noise alone."""
+    noisy_epsilon: float = 0.05
+    """Noisy exploration only: probability of a uniform random action at each step after
+    random_starts, on top of the noise. A floor for states where the noise has stopped
+    changing the action: an action whose estimate has drifted below the truth is retried.
+    The n-step returns before a random action end there (replay's ``explored``). 0: the
+    noise alone, as in the NoisyNet paper. README, *Which exploration to use*."""
     epsilon_start: float = 1.0
     """Epsilon-greedy only: initial probability of a random action."""
     epsilon_end: float = 0.05
@@ -178,7 +184,7 @@ class Config:
             self.noise_interval == "episode" or self.noise_interval >= 1,
             f"noise_interval must be >= 1 or episode, got {self.noise_interval}",
         )
-        for name in ("epsilon_start", "epsilon_end"):
+        for name in ("noisy_epsilon", "epsilon_start", "epsilon_end"):
             value = getattr(self, name)
             need(0 <= value <= 1, f"{name} must be in [0, 1], got {value}")
         need(

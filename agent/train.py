@@ -384,8 +384,9 @@ def train(
 
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         while counters.global_step < cfg.total_steps:
-            # --- act: greedy on a noisy net (or epsilon-greedy on the mean weights) ---
+            # --- act: greedy on a noisy net plus a floor of random actions (or epsilon-greedy) ---
             actions = selector(obs)  # (n,) int64, the one device->host read per step
+            explored = None  # (n,) bool where a random action replaced the policy's
             if cfg.exploration == "epsilon":
                 epsilon = linear_schedule(
                     cfg.epsilon_start,
@@ -394,6 +395,11 @@ def train(
                     counters.global_step,
                 )
                 actions = epsilon_greedy(actions, epsilon, explore_rng, spec.n_actions)
+            elif cfg.noisy_epsilon > 0 and counters.global_step >= cfg.random_starts:
+                # The floor retries actions that the noise has stopped trying.
+                policy_actions = actions
+                actions = epsilon_greedy(actions, cfg.noisy_epsilon, explore_rng, spec.n_actions)
+                explored = actions != policy_actions
             if counters.global_step < cfg.random_starts:
                 actions = explore_rng.integers(spec.n_actions, size=n)  # fill replay uniformly
 
@@ -406,7 +412,8 @@ def train(
             # A lost life ends bootstrapping in replay, but the env is not reset.
             train_rewards = np.sign(rewards) if cfg.clip_rewards else rewards
             train_dones = terminated | life_lost if cfg.terminal_on_life_loss else terminated
-            replay.add(obs, actions, train_rewards, next_obs, train_dones, truncated)
+            # The floor's random actions end the n-step returns before them (explored).
+            replay.add(obs, actions, train_rewards, next_obs, train_dones, truncated, explored)
 
             # --- episode ends: log them, reset those envs with their next seeds ---
             done = terminated | truncated
@@ -436,6 +443,8 @@ def train(
                     scalars["charts/updates"] = float(learner.updates)
                 if cfg.exploration == "epsilon":
                     scalars["charts/epsilon"] = epsilon
+                elif cfg.noisy_epsilon > 0:
+                    scalars["charts/epsilon"] = cfg.noisy_epsilon
                 scalars.update(noise_stats(q_network))
                 if len(replay) >= cfg.batch_size:  # how much the noise changes behaviour
                     probe_seed = episode_seed(cfg.seed, 0, step, stream=3)

@@ -206,6 +206,53 @@ def test_episode_noise_is_held_for_each_episode(
         assert not same(before[0], after[0])
 
 
+@pytest.mark.parametrize("noisy_epsilon", [0.0, 0.3])
+def test_noisy_exploration_replaces_actions_with_noisy_epsilon_after_the_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noisy_epsilon: float
+) -> None:
+    """The floor under the noise: after random_starts, each action the noisy net chose is
+    replaced by a uniform one with probability noisy_epsilon (so it differs from the net's
+    choice with probability noisy_epsilon / 2 on two actions); 0 leaves the net's choices.
+    Replay is told which actions were replaced (they end the n-step returns before them)."""
+    import agent.train
+    from agent.acting import ActionSelector
+
+    chosen: list[int] = []  # the noisy net's action at each training step
+    played: list[int] = []  # the action the env got, as stored in replay
+    marked: list[bool] = []  # replay's explored flag of each step
+
+    class Recording(ActionSelector):
+        def __call__(self, obs: np.ndarray) -> np.ndarray:
+            actions = super().__call__(obs)
+            if self.noise:  # the training selector, not the evaluation one
+                chosen.extend(actions.tolist())
+            return actions
+
+    class RecordingReplay(agent.train.ReplayBuffer):
+        def add(self, obs, actions, *rest) -> None:  # type: ignore[no-untyped-def]
+            played.extend(np.asarray(actions).tolist())
+            explored = rest[-1]
+            marked.extend([False] * len(actions) if explored is None else explored.tolist())
+            super().add(obs, actions, *rest)
+
+    monkeypatch.setattr(agent.train, "ActionSelector", Recording)
+    monkeypatch.setattr(agent.train, "ReplayBuffer", RecordingReplay)
+    overrides = {**SHORT, "total_steps": 3_000, "random_starts": 500, "eval_interval": 0,
+                 "noisy_epsilon": noisy_epsilon}  # fmt: skip
+    cfg = load_config("envs.testing:NoisyDQN/Cue-v0", overrides=overrides)
+    train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert len(chosen) == len(played) == 3_000
+    after = np.array(played[500:]) != np.array(chosen[500:])
+    # Only the floor's replacements are marked: the warm-up is random throughout.
+    assert not any(marked[:500]) and marked[500:] == after.tolist()
+    tags = _events(tmp_path / "run").Tags()["scalars"]
+    if noisy_epsilon == 0:
+        assert not after.any() and "charts/epsilon" not in tags
+    else:  # 2,500 steps: the binomial's standard deviation is below 0.01
+        assert after.mean() == pytest.approx(noisy_epsilon / 2, abs=0.04)
+        assert "charts/epsilon" in tags
+
+
 def test_same_seed_same_run(tmp_path: Path) -> None:
     cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_000, "eval_interval": 0})
     train(cfg, tmp_path / "a", progress=False, echo=lambda _: None)
