@@ -497,7 +497,8 @@ class ReplayBuffer:
         self._last_start = self._t  # their next windows start with this step
 
     def _flush_env(self, env: int, s: int, final_obs: np.ndarray, terminated: bool) -> None:
-        """Emit env's pending windows shorter than n (episode ended at the step in slot s)."""
+        """Emit env's pending windows shorter than n, which end at the step in slot s (its
+        episode ended there, or a random action follows it: ``_cut``)."""
         n = self.n_step
         ep_len = self._t - int(self._ep_start[env])
         m = min(ep_len, n - 1)  # a full window was emitted already
