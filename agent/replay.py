@@ -488,11 +488,8 @@ class ReplayBuffer:
 
     def _cut(self, obs: np.ndarray, explored: np.ndarray) -> None:
         """End the pending windows of the explored envs before this step, at ``obs``."""
-        envs = explored.nonzero()[0]
-        if len(envs) == 0:
-            return
         last = (self._t - 1) % self.n_step  # the slot of the previous step
-        for env in envs:
+        for env in explored.nonzero()[0]:  # at least one: check_explored gives None for none
             self._flush_env(int(env), last, obs[env], terminated=False)
         self._last_start = self._t  # their next windows start with this step
 

@@ -57,6 +57,7 @@ def drive(
     """
     venv = frames_vector_env(num_envs, **kw)
     rng = np.random.default_rng(seed)
+    marks = np.random.default_rng(seed + 1)  # its own stream: the steps do not depend on it
     obs, info = venv.reset(seed=[seed * 100 + i for i in range(num_envs)])
     lives = info["lives"].copy()
     for _ in range(steps):
@@ -64,7 +65,7 @@ def drive(
         next_obs, rewards, terminated, truncated, info = venv.step(actions)
         term = terminated | (info["lives"] < lives) if life_loss else terminated
         lives = info["lives"].copy()
-        explored = rng.random(num_envs) < p_explored if p_explored else None
+        explored = marks.random(num_envs) < p_explored if p_explored else None
         for buf in buffers:
             buf.add(obs, actions, rewards, next_obs, term, truncated, explored)
         done = terminated | truncated
