@@ -7,7 +7,9 @@ other registered gymnasium id with discrete actions given to ``--envs`` (issue 1
 generality goal: envs with no YAML of their own, which run on ``configs/default.yaml``
 alone), every seed a separate process, timed as a whole (start-up included):
 
-* ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else.
+* ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else
+  (``--config FILE`` and ``--set`` add to both of our agents; ``--config
+  configs/default.yaml`` runs an env that has a YAML on the default config instead).
 * ``epsilon``: the same command with ``--set exploration=epsilon --set
   noisy_layers=none``: the same network and learner without noise, epsilon-greedy.
 * ``sb3`` (when stable-baselines3 is installed, for the three envs above only):
@@ -131,20 +133,26 @@ def threshold_of(env_id: str) -> tuple[float | None, str]:
     return float(registered), "registered reward_threshold"
 
 
-def config_used(env_id: str, overrides: list[str] | None = None) -> str:
-    """Which config files ``python run.py --env ENV_ID`` resolves, and the suite's --set."""
+def config_used(env_id: str, overrides: list[str] | None = None,
+                config_file: str | None = None) -> str:
+    """Which config files ``python run.py --env ENV_ID`` resolves, then the suite's
+    --config and --set, in the order they apply (later wins)."""
     env_file = env_config_file(env_id)
     if env_file is None:
         used = "configs/default.yaml alone (no YAML of its own)"
     else:
         used = f"configs/default.yaml < configs/{env_file.name}"
+    if config_file is not None:
+        used += f" < --config {config_file}"
     return used + "".join(f" < --set {kv}" for kv in overrides or [])
 
 
-def our_args(agent: str, overrides: list[str]) -> list[str]:
-    """The arguments after ``--env ENV --seed S`` of one of our agents: the suite's --set
-    for both, then the ablation's own (last, so that its noise stays off)."""
-    args = [a for kv in overrides for a in ("--set", kv)]
+def our_args(agent: str, overrides: list[str], config_file: str | None = None) -> list[str]:
+    """The arguments after ``--env ENV --seed S`` of one of our agents: the suite's
+    --config and --set for both, then the ablation's own (last, so that its noise
+    stays off)."""
+    args = ["--config", config_file] if config_file is not None else []
+    args += [a for kv in overrides for a in ("--set", kv)]
     return args + (EPSILON if agent == AGENTS[1] else [])
 
 
@@ -374,6 +382,10 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for both of our agents, e.g. update_noise=0 "
                         "(repeatable; named in each env's header)")
+    p.add_argument("--config", metavar="FILE",
+                   help="a YAML file of overrides for both of our agents, applied after the "
+                        "env's own YAML (configs/default.yaml: the default config on an env "
+                        "that has a YAML)")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time")
     p.add_argument("--plot-dir", type=Path, help="write <env>.png learning curves here")
     p.add_argument("--json", type=Path, help="write every per-seed result here")
@@ -382,7 +394,9 @@ def main() -> int:
     p.add_argument("--from-json", type=Path,
                    help="take the runs from an earlier --json instead of training")
     args = p.parse_args()
-    with_set = "".join(f" --set {kv}" for kv in args.set)  # our agents' overrides, as typed
+    # our agents' overrides, as typed
+    with_set = (f" --config {args.config}" if args.config else "") + \
+        "".join(f" --set {kv}" for kv in args.set)
     envs = args.envs.split(",")
     thresholds: dict[str, tuple[float | None, str]] = {}
     for env_id in envs:
@@ -390,6 +404,12 @@ def main() -> int:
             thresholds[env_id] = threshold_of(env_id)
         except Exception as e:  # gymnasium's NameNotFound, DeprecatedEnv, ...
             p.error(f"env {env_id}: {e}")
+    # run.py runs from the repository root: pass the file as an absolute path.
+    config_file = None
+    if args.config:
+        if not Path(args.config).is_file():
+            p.error(f"--config {args.config}: no such file")
+        config_file = str(Path(args.config).resolve())
     seeds = parse_seeds(args.seeds)
     workdir = Path(tempfile.mkdtemp(prefix="bench_suite_"))
     try:
@@ -424,7 +444,7 @@ def main() -> int:
             r = run_sb3(seed, where, env_id, hyper, steps, SB3_EVAL_EVERY[env_id], 10)
             r["wall_s"] -= r["periodic_eval_s"]
         else:
-            r = run_ours(seed, our_args(agent, args.set), where, env_id)
+            r = run_ours(seed, our_args(agent, args.set, config_file), where, env_id)
         print(f"{env_id} | {agent} | seed {seed}: final {r['final_eval_return']:.1f}, "
               f"{r['global_step']} steps, {r['wall_s']:.1f} s", flush=True)
         return r
@@ -474,7 +494,7 @@ def main() -> int:
             source = "" if env_id in THRESHOLD else f", {why}"
             print(f"\n### {env_id} (solved: 100-episode noise-free mean >= {threshold:g}"
                   f"{source})\n")
-        print(f"config: {config_used(env_id, args.set)}\n")
+        print(f"config: {config_used(env_id, args.set, args.config)}\n")
         print("| agent | seeds solved | steps to solve, median (IQR) | final return, IQM "
               "[95% CI] | median wall-clock (s) | SB3 / this | final 100-episode returns |")
         print("|---|---|---|---|---|---|---|")

@@ -4,6 +4,10 @@ noisy-against-epsilon comparison the generality goal of issue 12 reads."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -46,6 +50,42 @@ def test_set_reaches_both_of_our_agents_and_the_ablation_keeps_its_noise_off(sui
     assert suite.config_used("FrozenLake-v1", ["update_noise=0"]).endswith(
         "< --set update_noise=0"
     )
+
+
+def test_config_file_reaches_both_agents_before_their_set(suite):
+    noisy = suite.our_args(suite.AGENTS[0], ["lr=0.001"], "/abs/default.yaml")
+    assert noisy == ["--config", "/abs/default.yaml", "--set", "lr=0.001"]
+    ablation = suite.our_args(suite.AGENTS[1], [], "/abs/default.yaml")
+    assert ablation[:2] == ["--config", "/abs/default.yaml"]
+    assert ablation[-2:] == ["--set", "noisy_layers=none"]
+    assert suite.config_used("Acrobot-v1", ["lr=0.001"], "configs/default.yaml") == (
+        "configs/default.yaml < configs/Acrobot-v1.yaml < --config configs/default.yaml"
+        " < --set lr=0.001"
+    )
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"])
+def test_config_default_yaml_undoes_every_key_of_an_env_yaml(env_id):
+    # What --config configs/default.yaml promises: the config of an env without a YAML.
+    from agent.config import CONFIG_DIR, env_config_file, load_config
+
+    assert env_config_file(env_id) is not None
+    forced = asdict(load_config(env_id, CONFIG_DIR / "default.yaml"))
+    plain = asdict(load_config("FrozenLake-v1"))
+    assert env_config_file("FrozenLake-v1") is None
+    forced.pop("env_id"), plain.pop("env_id")
+    assert forced == plain
+
+
+def test_a_missing_config_file_is_a_one_line_usage_error(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "bench/suite.py", "--config", str(tmp_path / "nope.yaml")],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "nope.yaml: no such file" in proc.stderr.splitlines()[-1]
+    assert "Traceback" not in proc.stderr
 
 
 def test_summarise_without_a_threshold_reports_final_returns_only(suite):
