@@ -326,11 +326,13 @@ def paired(noisy: list[float], epsilon: list[float]) -> tuple[int, int, int]:
 def print_comparison(envs: list[str], thresholds: dict[str, tuple[float | None, str]],
                      results: dict[str, dict[str, list[dict]]],
                      title: str = "The default command against its epsilon-greedy ablation",
-                     paired_by_seed: bool = False) -> None:
+                     paired_by_seed: bool = False, config_file: str | None = None) -> None:
     """One row per env: the default command against its epsilon-greedy ablation.
 
     ``paired_by_seed`` adds how many seeds the noisy run beat, tied or lost to the
     epsilon-greedy run of the same seed (meaningful where both played the same episodes).
+    ``config_file`` (the suite's --config) is named in the config column after the env's
+    own YAML.
     """
     print(f"\n### {title}\n")
     head = ("| env | config | seeds solved, noisy / epsilon | median steps to solve, noisy / "
@@ -341,11 +343,12 @@ def print_comparison(envs: list[str], thresholds: dict[str, tuple[float | None, 
     print(head + " verdict |")
     print("|---" * head.count("|") + "|")
     for env_id in envs:
-        _comparison_row(env_id, thresholds[env_id][0], results[env_id], paired_by_seed)
+        _comparison_row(env_id, thresholds[env_id][0], results[env_id], paired_by_seed,
+                        config_file)
 
 
 def _comparison_row(env_id: str, threshold: float | None, agents: dict[str, list[dict]],
-                    paired_by_seed: bool) -> None:
+                    paired_by_seed: bool, config_file: str | None = None) -> None:
     noisy, epsilon = agents[AGENTS[0]], agents[AGENTS[1]]
     c = compare(threshold, noisy, epsilon)
     scale = max(abs(r["final_eval_return"]) for res in agents.values() for r in res)
@@ -363,6 +366,8 @@ def _comparison_row(env_id: str, threshold: float | None, agents: dict[str, list
         rate_cell = f"{sn / nn - se / ne:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
     config = "default.yaml" if env_config_file(env_id) is None else \
         env_config_file(env_id).name
+    if config_file is not None:
+        config += f" < --config {config_file}"
     cells = [env_id, config, solved_cell, steps_cell, iqm_cell, diff_cell, rate_cell]
     if paired_by_seed:
         higher, equal, lower = paired([r["final_eval_return"] for r in noisy],
@@ -524,12 +529,12 @@ def main() -> int:
     if not args.no_ablation:
         print_comparison(envs, thresholds, results,
                          title=f"The default command{with_set} against its epsilon-greedy "
-                               "ablation")
+                               "ablation", config_file=args.config)
     if args.final_episodes and not args.no_ablation:
         # The same comparison on the N-episode means of the final policies.
         more = {e: {a: [{**r, "final_eval_return": r["final_more_return"]}
                         for r in results[e][a]] for a in AGENTS[:2]} for e in envs}
-        print_comparison(envs, thresholds, more, paired_by_seed=True,
+        print_comparison(envs, thresholds, more, paired_by_seed=True, config_file=args.config,
                          title=f"The same, the final policies on {args.final_episodes:,} "
                                "more episodes (the same episodes for every run)")
     return 0

@@ -149,6 +149,15 @@ def test_print_comparison_prints_one_row_per_env(suite, capsys):
     assert "noisy >= epsilon (ahead on final-return IQM)" in out
 
 
+def test_print_comparison_names_the_config_file_after_the_env_yaml(suite, capsys):
+    results = {"Acrobot-v1": {suite.AGENTS[0]: [run(-90.0, [[30000, -90.0]])],
+                              suite.AGENTS[1]: [run(-95.0, [[20000, -95.0]])]}}
+    suite.print_comparison(["Acrobot-v1"], {"Acrobot-v1": (-100.0, "issue 12")}, results,
+                           config_file="configs/default.yaml")
+    out = capsys.readouterr().out
+    assert "| Acrobot-v1 | Acrobot-v1.yaml < --config configs/default.yaml | 1/1 / 1/1 |" in out
+
+
 def test_paired_counts_seeds_higher_equal_lower(suite):
     assert suite.paired([0.7, 0.5, 0.6], [0.6, 0.5, 0.8]) == (1, 1, 1)
     with pytest.raises(ValueError):
