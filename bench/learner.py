@@ -2,19 +2,25 @@
 
     python bench/learner.py                      # the CartPole config: 4-128-128-2, batch 32
     python bench/learner.py --noisy-layers all   # every layer noisy
+    python bench/learner.py --device cuda        # on the GPU, plus the update as a CUDA graph
 
 Times, as medians of single calls (repeats interleaved, so drift hits every variant):
 
 * ``Learner.update``: the whole gradient step training runs (noise resets, online
   and target forward, double-DQN target, Huber loss, backward, clip, Adam), with
-  each backend: ``numpy`` (agent/numpy_grad.py, what training on a CPU uses) and
-  ``torch`` (autograd);
+  each backend: ``numpy`` (agent/numpy_grad.py, what training on a CPU uses; CPU only)
+  and ``torch`` (autograd);
 * the autograd update's phases, each timed alone;
 * the optimizer part two ways, each with the same forward and backward:
   ``torch.optim.Adam(fused=True)`` + ``clip_grad_norm_`` + ``zero_grad(set_to_none)``,
-  against ``agent.optim.Adam`` (one fused kernel call, one flat gradient buffer).
+  against ``agent.optim.Adam`` (one fused kernel call, one flat gradient buffer);
+* on CUDA only: the whole ``Learner.update`` captured once as a CUDA graph and
+  replayed, then checked (parameters move and stay finite, gradients land in the
+  optimizer's flat buffer, replays match eager updates from the same state and seed).
 
-One torch thread, one BLAS thread and denormals flushed, as training runs on CPU.
+One torch thread, one BLAS thread and denormals flushed, as training runs on CPU. On
+CUDA every timed call is bracketed by ``torch.cuda.synchronize()``: a call returns
+once its kernels are queued, so the clock alone would time the launches only.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import argparse
 import copy
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,6 +47,11 @@ from agent.networks import QNetwork
 from agent.optim import Adam
 from agent.replay import Batch
 
+LR = 1e-4
+GRAPH = "Learner.update captured in a CUDA graph (replay)"
+EAGER_TORCH = "Learner.update, torch backend (all of it)"
+EAGER_NUMPY = "Learner.update, numpy backend (all of it)"
+
 
 def make_batch(batch: int, device: torch.device) -> Batch:
     g = torch.Generator().manual_seed(0)
@@ -52,6 +65,128 @@ def make_batch(batch: int, device: torch.device) -> Batch:
     )
 
 
+def time_calls_cuda(fn: Callable[[], object], calls: int) -> float:
+    """Median microseconds of ``calls`` single calls, each one synchronised before and after.
+
+    The first synchronize empties the queue, so a call never pays for the previous
+    one's kernels; the second waits for its own, so the time is launch plus execution.
+    """
+    times = []
+    clock = time.perf_counter_ns
+    sync = torch.cuda.synchronize
+    for _ in range(calls):
+        sync()
+        start = clock()
+        fn()
+        sync()
+        times.append(clock() - start)
+    return statistics.median(times) / 1000.0
+
+
+def capture_update(
+    learner: Learner, batch: Batch, warmup: int = 3
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``learner.update(batch)`` captured as one CUDA graph: (graph, its static loss tensor).
+
+    The standard recipe: warm-up calls on a side stream first (lazy initialisation,
+    cuBLAS workspaces and autograd's device threads must not happen inside the
+    capture), then one capture. The optimizer's gradients need no set-up: agent.optim.Adam
+    points every ``.grad`` at a view of one flat buffer from its constructor on, and
+    autograd accumulates into an existing ``.grad`` in place, so the captured backward
+    writes to those fixed addresses (checked after capture by :func:`grads_in_flat_buffer`).
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            learner.update(batch)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = learner.update(batch)
+    return graph, loss
+
+
+def grads_in_flat_buffer(optimizer: Adam) -> bool:
+    """True when every parameter's ``.grad`` is still its view of the optimizer's flat buffer.
+
+    A capture that allocated new ``.grad`` tensors would replay a backward into them while
+    the captured clip and Adam step read the flat buffer: zero gradients, silently.
+    """
+    return all(
+        p.grad is not None and p.grad.data_ptr() == g.data_ptr()
+        for p, g in zip(optimizer.params, optimizer.grads, strict=True)
+    )
+
+
+def check_graph(learner: Learner, graph: torch.cuda.CUDAGraph, loss: torch.Tensor) -> None:
+    """Replay a few times and print what moved: the honest checks that need no eager twin."""
+    replays = 5
+    opt = learner.optimizer
+    params_before = [p.detach().clone() for p in opt.params]
+    # _steps: the per-parameter step counts on the device, which the fused Adam kernel reads.
+    steps_before = opt._steps.clone()
+    sums_before = learner._sums.clone()
+    host_before = (learner.updates, learner._count, opt.step_count)
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    moved = max(
+        float((p.detach() - b).abs().max()) for p, b in zip(opt.params, params_before, strict=True)
+    )
+    finite = all(bool(torch.isfinite(p).all()) for p in opt.params)
+    steps_advanced = sorted({float(s) for s in (opt._steps - steps_before).tolist()})
+    grad_norm = float(torch.linalg.vector_norm(opt.flat_grad))
+    sums_moved = bool((learner._sums != sums_before).any())
+    host_after = (learner.updates, learner._count, opt.step_count)
+    ok = moved > 0 and finite and bool(torch.isfinite(loss).all()) and grad_norm > 0
+    print(f"\nCUDA graph check after {replays} replays: {'OK' if ok else 'FAILED'}")
+    print(f"- parameters changed (max |change| {moved:.3g}) and all finite: {moved > 0 and finite}")
+    print(f"- static loss output {float(loss):.4g}, finite: {bool(torch.isfinite(loss).all())}")
+    print(f"- gradients land in the optimizer's flat buffer (norm after replay {grad_norm:.3g}, "
+          f"every .grad still a view of it: {grads_in_flat_buffer(opt)})")
+    print(f"- Adam's device step counts advanced by {steps_advanced} (expected [{replays}.0])")
+    print(f"- metric sums (learner._sums, on the device) advanced: {sums_moved}")
+    print(f"- not done by replay: the host-side counters stay put (learner.updates, "
+          f"learner._count, optimizer.step_count: {host_before} before, {host_after} after), "
+          "so learner.metrics() divides the replayed sums by a stale count, and "
+          "optimizer.state_dict() (host step counts) disagrees with the device counts")
+
+
+def compare_with_eager(learner: Learner, graph: torch.cuda.CUDAGraph, loss: torch.Tensor,
+                       batch: Batch) -> None:
+    """N eager updates on an exact copy against N replays, from the same CUDA seed.
+
+    Replays draw their noise from the default CUDA generator's state at replay time, as
+    eager calls do, so the two should agree up to float rounding; a large difference
+    means the graph does not compute what eager updates compute.
+    """
+    updates, seed = 5, 1234
+    twin = Learner(copy.deepcopy(learner.q_network), copy.deepcopy(learner.target_network),
+                   lr=LR, backend="torch")
+    # Adam's state, device step counts included (private: the graph never updated the
+    # host counts that state_dict() would carry).
+    for name in ("exp_avg", "exp_avg_sq", "_steps"):
+        getattr(twin.optimizer, name).copy_(getattr(learner.optimizer, name))
+    torch.cuda.synchronize()
+    torch.cuda.manual_seed(seed)
+    for _ in range(updates):
+        eager_loss = twin.update(batch)
+    torch.cuda.manual_seed(seed)
+    for _ in range(updates):
+        graph.replay()
+    torch.cuda.synchronize()
+    diff = max(
+        float((a.detach() - b.detach()).abs().max())
+        for a, b in zip(twin.optimizer.params, learner.optimizer.params, strict=True)
+    )
+    loss_diff = float((eager_loss - loss).abs())
+    verdict = "match up to float rounding" if diff <= 1e-5 and loss_diff <= 1e-5 else "DIFFER"
+    print(f"- {updates} replays against {updates} eager updates from the same state and CUDA "
+          f"seed: max |parameter difference| {diff:.3g}, |loss difference| {loss_diff:.3g} "
+          f"({verdict})")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
@@ -60,18 +195,26 @@ def main() -> int:
     p.add_argument("--sigma0", type=float, default=0.5)
     p.add_argument("--calls", type=int, default=2000, help="timed calls per repeat")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the network, batch and learners live (default cpu)")
     args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: CUDA is not available here (torch.cuda.is_available() is False)")
     torch.set_num_threads(1)
     threadpool_limits(1, user_api="blas")
     torch.set_flush_denormal(True)
-    device = torch.device("cpu")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    timer = time_calls_cuda if cuda else time_calls
     torch.manual_seed(0)
     net = QNetwork(
         (4,), 2, args.hidden, noisy_layers=args.noisy_layers, sigma0=args.sigma0, device=device
     )
-    learner = Learner(net, copy.deepcopy(net), lr=1e-4, backend="torch")
-    net_np = copy.deepcopy(net)
-    learner_np = Learner(net_np, copy.deepcopy(net_np), lr=1e-4, backend="numpy")
+    learner = Learner(net, copy.deepcopy(net), lr=LR, backend="torch")
+    learner_np = None
+    if not cuda:  # the numpy backend computes on the host: CPU tensors only
+        net_np = copy.deepcopy(net)
+        learner_np = Learner(net_np, copy.deepcopy(net_np), lr=LR, backend="numpy")
     batch = make_batch(args.batch, device)
     both = torch.cat([batch.obs, batch.next_obs])
 
@@ -81,9 +224,9 @@ def main() -> int:
 
     # The optimizer part, two ways, on separate copies of the network.
     net_torch, net_ours = copy.deepcopy(net), copy.deepcopy(net)
-    torch_adam = torch.optim.Adam(net_torch.parameters(), lr=1e-4, eps=1.5e-4, fused=True)
+    torch_adam = torch.optim.Adam(net_torch.parameters(), lr=LR, eps=1.5e-4, fused=True)
     params_torch = list(net_torch.parameters())
-    our_adam = Adam(net_ours.parameters(), lr=1e-4, eps=1.5e-4)
+    our_adam = Adam(net_ours.parameters(), lr=LR, eps=1.5e-4)
 
     def torch_optim_step() -> None:
         torch_adam.zero_grad(set_to_none=True)
@@ -112,9 +255,11 @@ def main() -> int:
         net.reset_noise()
         learner.target_network.reset_noise()
 
-    variants = {
-        "Learner.update, numpy backend (all of it)": lambda: learner_np.update(batch),
-        "Learner.update, torch backend (all of it)": lambda: learner.update(batch),
+    variants: dict[str, Callable[[], object]] = {}
+    if learner_np is not None:
+        variants[EAGER_NUMPY] = lambda: learner_np.update(batch)
+    variants.update({
+        EAGER_TORCH: lambda: learner.update(batch),
         "  noise resets (online + target)": noise_resets,
         "  online forward (2B rows)": online_forward,
         "  target forward (B rows, no grad)": target_forward,
@@ -123,22 +268,42 @@ def main() -> int:
         "  Adam step (ours)": learner.optimizer.step,
         "fwd+bwd+clip+step, torch.optim.Adam(fused)": torch_optim_step,
         "fwd+bwd+clip+step, agent.optim.Adam": our_optim_step,
-    }
+    })
+
+    # The graph gets a network and a learner of its own, so that its warm-up and replays
+    # leave every other variant's state alone. Captured before the timing so that its
+    # replays are interleaved with the other variants like any of them.
+    graph_parts: tuple[Learner, torch.cuda.CUDAGraph, torch.Tensor] | None = None
+    if cuda:
+        net_g = copy.deepcopy(net)
+        learner_g = Learner(net_g, copy.deepcopy(net_g), lr=LR, backend="torch")
+        try:
+            graph, graph_loss = capture_update(learner_g, batch)
+            torch.cuda.synchronize()
+            if not grads_in_flat_buffer(learner_g.optimizer):
+                raise RuntimeError("the capture replaced .grad tensors (see grads_in_flat_buffer)")
+            graph_parts = (learner_g, graph, graph_loss)
+            variants[GRAPH] = graph.replay
+        except Exception as e:
+            print(f"graph capture failed: {type(e).__name__}: {e}", flush=True)
+
     for fn in variants.values():  # warm-up
         for _ in range(200):
             fn()
     results: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, fn in variants.items():
-            results[name].append(time_calls(fn, args.calls))
+            results[name].append(timer(fn, args.calls))
     medians = {name: statistics.median(times) for name, times in results.items()}
 
     sizes = "-".join(str(s) for s in [4, *args.hidden, 2])
     print(
-        f"\nLearner update, {sizes} MLP (noisy_layers={args.noisy_layers}), "
+        f"\nLearner update{' on cuda' if cuda else ''}, {sizes} MLP "
+        f"(noisy_layers={args.noisy_layers}), "
         f"batch {args.batch}; {machine()}"
     )
-    print(f"median of {args.repeats} repeats x {args.calls} calls\n")
+    synced = ", each call synchronised before and after" if cuda else ""
+    print(f"median of {args.repeats} repeats x {args.calls} calls{synced}\n")
     print("| what | us per call |")
     print("|---|---|")
     for name, value in medians.items():
@@ -147,10 +312,26 @@ def main() -> int:
     old = medians["fwd+bwd+clip+step, torch.optim.Adam(fused)"]
     new = medians["fwd+bwd+clip+step, agent.optim.Adam"]
     print(f"\nagent.optim.Adam saves {old - new:.0f} us per update ({old / new:.2f}x on that part)")
-    autograd = medians["Learner.update, torch backend (all of it)"]
-    ours = medians["Learner.update, numpy backend (all of it)"]
-    print(f"the numpy backend takes {ours:.0f} us per update against autograd's {autograd:.0f} "
-          f"({autograd / ours:.2f}x faster)")
+    autograd = medians[EAGER_TORCH]
+    if EAGER_NUMPY in medians:
+        ours = medians[EAGER_NUMPY]
+        print(f"the numpy backend takes {ours:.0f} us per update against autograd's "
+              f"{autograd:.0f} ({autograd / ours:.2f}x faster)")
+    if GRAPH in medians:
+        replay = medians[GRAPH]
+        print(f"the CUDA graph takes {replay:.0f} us per update against eager torch's "
+              f"{autograd:.0f} ({autograd / replay:.2f}x faster)")
+    if graph_parts is not None:
+        learner_g, graph, graph_loss = graph_parts
+        checks: dict[str, Callable[[], None]] = {
+            "graph check": lambda: check_graph(learner_g, graph, graph_loss),
+            "eager comparison": lambda: compare_with_eager(learner_g, graph, graph_loss, batch),
+        }
+        for what, run_check in checks.items():  # one failing says why; the next still runs
+            try:
+                run_check()
+            except Exception as e:
+                print(f"{what} failed: {type(e).__name__}: {e}", flush=True)
     return 0
 
 

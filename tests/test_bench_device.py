@@ -1,0 +1,118 @@
+"""bench/learner.py and bench/atari.py with --device: CPU runs, the CUDA-less usage error,
+the CUDA graph checks on a stand-in graph, and (with a GPU) the CUDA runs themselves."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CUDA, load_bench_script
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_ALE = importlib.util.find_spec("ale_py") is not None
+
+
+def bench(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / f"{script}.py"), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+
+
+def test_learner_on_cpu_prints_the_table_with_the_numpy_backend():
+    out = bench("learner", "--device", "cpu", "--calls", "5", "--repeats", "1")
+    assert out.returncode == 0, out.stderr
+    assert "| Learner.update, numpy backend (all of it) |" in out.stdout
+    assert "| Learner.update, torch backend (all of it) |" in out.stdout
+    assert "the numpy backend takes" in out.stdout
+    assert "CUDA graph" not in out.stdout
+
+
+@pytest.mark.skipif(CUDA, reason="checks the error of a machine without CUDA")
+@pytest.mark.parametrize("script", ["learner", "atari"])
+def test_device_cuda_without_cuda_is_a_one_line_usage_error(script):
+    out = bench(script, "--device", "cuda")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].endswith(
+        "error: --device cuda: CUDA is not available here (torch.cuda.is_available() is False)"
+    )
+
+
+@pytest.mark.skipif(not HAS_ALE, reason="needs ale_py (the atari extra)")
+def test_atari_breakdown_quick_on_cpu_prints_every_part():
+    out = bench("atari", "--breakdown", "--no-sps", "--quick", "--envs", "1", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "failed" not in out.stdout, out.stdout
+    for part in ("(a) vector env step", "(b) ActionSelector call", "(c) replay add",
+                 "(c) replay.sample(32)", "(d) learner.update, batch 32", "| total |"):
+        assert part in out.stdout, out.stdout
+
+
+class EagerStandIn:
+    """A 'graph' whose replay runs the update eagerly into a static loss tensor."""
+
+    def __init__(self, learner, batch) -> None:
+        self.learner, self.batch = learner, batch
+        self.loss = learner.update(batch).clone()
+
+    def replay(self) -> None:
+        self.loss.copy_(self.learner.update(self.batch))
+
+
+def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
+    # The checks' own logic (the twin learner copied from the graph's, Adam state
+    # included, reseeded) on the CPU: an eager stand-in must match the twin exactly,
+    # so a mismatch on the GPU is the graph's and not the check's.
+    mod = load_bench_script("learner")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "manual_seed", torch.manual_seed)
+    torch.manual_seed(0)
+    net = mod.QNetwork((4,), 2, [16, 16], noisy_layers="last")
+    learner = mod.Learner(net, copy.deepcopy(net), lr=mod.LR, backend="torch")
+    batch = mod.make_batch(8, torch.device("cpu"))
+    graph = EagerStandIn(learner, batch)
+    assert mod.grads_in_flat_buffer(learner.optimizer)
+    mod.check_graph(learner, graph, graph.loss)
+    mod.compare_with_eager(learner, graph, graph.loss, batch)
+    out = capsys.readouterr().out
+    assert "CUDA graph check after 5 replays: OK" in out
+    assert "advanced by [5.0]" in out
+    assert "max |parameter difference| 0," in out and "(match up to float rounding)" in out
+
+
+def test_grads_in_flat_buffer_sees_a_replaced_grad():
+    mod = load_bench_script("learner")
+    net = mod.QNetwork((4,), 2, [8], noisy_layers="last")
+    learner = mod.Learner(net, copy.deepcopy(net), lr=mod.LR, backend="torch")
+    assert mod.grads_in_flat_buffer(learner.optimizer)
+    first = learner.optimizer.params[0]
+    first.grad = torch.zeros_like(first)
+    assert not mod.grads_in_flat_buffer(learner.optimizer)
+
+
+@pytest.mark.gpu
+def test_learner_on_cuda_captures_and_checks_the_graph():
+    out = bench("learner", "--device", "cuda", "--calls", "20", "--repeats", "1")
+    assert out.returncode == 0, out.stderr
+    assert "graph capture failed" not in out.stdout, out.stdout
+    assert "numpy backend" not in out.stdout
+    assert "| Learner.update captured in a CUDA graph (replay) |" in out.stdout
+    assert "CUDA graph check after 5 replays: OK" in out.stdout, out.stdout
+    assert "replays against 5 eager updates" in out.stdout, out.stdout
+    assert " failed: " not in out.stdout, out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_ALE, reason="needs ale_py (the atari extra)")
+def test_atari_breakdown_quick_on_cuda():
+    out = bench("atari", "--breakdown", "--no-sps", "--quick", "--envs", "1,2", "--device", "cuda")
+    assert out.returncode == 0, out.stderr
+    assert "failed" not in out.stdout, out.stdout
+    assert out.stdout.count("| total |") == 2
+    assert "graph (captured)" in out.stdout  # the selector's CUDA graph
