@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Issue 14's checks on a CUDA machine, in phases that each fit a 10-minute command.
+#
+#   bash bench/gpu_check.sh verify   # gpu tests, the whole suite, CartPole end to end on cuda
+#   bash bench/gpu_check.sh sanitize # compute-sanitizer memcheck and racecheck, short training run
+#   bash bench/gpu_check.sh bench    # bench/acting.py, replay.py, noisy_forward.py, learner.py
+#   bash bench/gpu_check.sh atari    # bench/atari.py on cuda: SPS and where the time goes
+#
+# Each step runs under its own time limit and logs to $LOGS/<step>.log (default
+# /tmp/gpu_logs); a line per step says its exit status and seconds, and a failed step
+# prints the end of its log. With $OUT set (the lent-device tool), the logs are packed
+# into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
+# Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
+set -u
+phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari}
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+LOGS=${LOGS:-/tmp/gpu_logs}
+RUNS=${RUNS:-/tmp/gpu_runs}
+mkdir -p "$LOGS" "$RUNS"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=python3
+failed=0
+
+pack() {
+    if [ -n "${OUT:-}" ]; then tar -czf "$OUT/logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; fi
+}
+
+# step NAME SECONDS COMMAND...: run it with a time limit, log it, report it.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout --signal=INT --kill-after=20 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$?
+    printf '== %-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - t0))"
+    if [ "$rc" -ne 0 ]; then
+        failed=$((failed + 1))
+        tail -n 25 "$LOGS/$name.log" | sed 's/^/   | /'
+    fi
+    pack
+    return "$rc"
+}
+
+# json FILE KEY: one key of a JSON file (run.py's result.json or an --eval --json line).
+json() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    $PY -c "import sys, torch, gymnasium; print(sys.version.split()[0], torch.__version__, \
+torch.version.cuda, gymnasium.__version__, torch.cuda.get_device_name())"
+    nproc
+} 2>&1 | tee "$LOGS/machine.log"
+
+case $phase in
+verify)
+    step pytest_gpu 240 $PY -m pytest -m gpu -q -rs -p no:cacheprovider
+    grep -E "passed|failed|error" "$LOGS/pytest_gpu.log" | tail -n 1
+    # The whole suite on the GPU machine: the device="auto" paths now pick CUDA.
+    step pytest_all 300 $PY -m pytest -q -rfs -p no:cacheprovider --durations=5
+    grep -E "passed|failed|error" "$LOGS/pytest_all.log" | tail -n 1
+
+    # End to end: train CartPole-v1 on cuda (its YAML, seed 1), then evaluate its best
+    # policy on cpu and on cuda.
+    r=$RUNS/cartpole_cuda
+    rm -rf "$r"
+    step train_cuda 240 $PY run.py --env CartPole-v1 --device cuda --seed 1 --run-dir "$r" \
+        --no-progress
+    if [ -f "$r/result.json" ]; then
+        echo "   status $(json "$r/result.json" status), solved at $(json "$r/result.json" \
+solved_step), final $(json "$r/result.json" final_eval_return), $(json "$r/result.json" \
+wall_time_s) s"
+    fi
+    for dev in cpu cuda; do
+        step "eval_cuda_ckpt_on_$dev" 120 $PY run.py --env CartPole-v1 --eval \
+            "$r/checkpoints/best.pt" --device "$dev" --episodes 20 --json
+        tail -n 1 "$LOGS/eval_cuda_ckpt_on_$dev.log"
+    done
+    # A checkpoint written on the cpu, evaluated and resumed on cuda; and the reverse.
+    c=$RUNS/cartpole_cpu
+    rm -rf "$c"
+    step train_cpu_3k 120 $PY run.py --env CartPole-v1 --device cpu --seed 2 --run-dir "$c" \
+        --total-steps 3000 --no-progress
+    step eval_cpu_ckpt_on_cuda 120 $PY run.py --env CartPole-v1 --eval "$c/checkpoints/last.pt" \
+        --device cuda --episodes 5 --json
+    tail -n 1 "$LOGS/eval_cpu_ckpt_on_cuda.log"
+    step resume_cpu_run_on_cuda 120 $PY run.py --resume "$c" --device cuda --total-steps 5000 \
+        --no-progress
+    step resume_cuda_run_on_cpu 120 $PY run.py --resume "$c" --device cpu --total-steps 6000 \
+        --no-progress
+    echo "   steps after both resumes: $(json "$c/result.json" global_step)"
+
+    # Exact resume on cuda, save_buffer on: 6,000 steps straight against 3,000 + 3,000.
+    a=$RUNS/straight b=$RUNS/halves
+    rm -rf "$a" "$b"
+    common=(--env CartPole-v1 --device cuda --seed 3 --no-progress --set save_buffer=true
+        --set early_stop=false)
+    step exact_straight 150 $PY run.py "${common[@]}" --run-dir "$a" --total-steps 6000
+    step exact_first_half 150 $PY run.py "${common[@]}" --run-dir "$b" --total-steps 3000
+    step exact_resumed_half 150 $PY run.py --resume "$b" --total-steps 6000 --no-progress
+    $PY - "$a" "$b" <<'EOF'
+import sys, torch
+from agent.checkpoint import load_checkpoint
+a, b = (load_checkpoint(f"{d}/checkpoints/last.pt") for d in sys.argv[1:])
+pa, pb = a["q_network"], b["q_network"]
+diff = max((pa[k].double() - pb[k].double()).abs().max().item() for k in pa)
+print(f"   exact resume on cuda: eval curves equal {a['eval_curve'] == b['eval_curve']}, "
+      f"max |param difference| {diff:.3g}")
+EOF
+
+    # Ctrl-C on a cuda run: saves, says how to resume, exits 130.
+    s=$RUNS/sigint
+    rm -rf "$s"
+    $PY run.py --env CartPole-v1 --device cuda --seed 4 --run-dir "$s" --total-steps 200000 \
+        --set early_stop=false --no-progress >"$LOGS/sigint.log" 2>&1 &
+    pid=$!
+    sleep 25
+    kill -INT "$pid"
+    wait "$pid"
+    echo "== sigint: rc=$? (want 130); $(grep -c 'resume with' "$LOGS/sigint.log") resume line(s)"
+    pack
+    ;;
+sanitize)
+    # A short training run on cuda (graph capture, pinned replay, learner, evaluation).
+    short=(run.py --env CartPole-v1 --device cuda --seed 5 --total-steps 1200 --no-progress
+        --set learning_starts=300 --set eval_interval=600 --set eval_episodes=2
+        --set confirm_episodes=0 --set log_interval=300 --set checkpoint_interval=600)
+    for tool in memcheck racecheck; do
+        rm -rf "$RUNS/san_$tool"
+        step "sanitizer_$tool" 270 compute-sanitizer --tool "$tool" $PY "${short[@]}" \
+            --run-dir "$RUNS/san_$tool"
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" "$LOGS/sanitizer_$tool.log" | tail -n 3
+    done
+    ;;
+bench)
+    step bench_acting 240 $PY bench/acting.py
+    sed -n '/^|/p' "$LOGS/bench_acting.log"
+    step bench_learner 150 $PY bench/learner.py --device cuda
+    step bench_learner_all 150 $PY bench/learner.py --device cuda --noisy-layers all
+    step bench_replay 240 $PY bench/replay.py --quick
+    step bench_noisy_forward 120 $PY bench/noisy_forward.py --quick
+    ;;
+atari)
+    step bench_atari 420 $PY bench/atari.py --device cuda --breakdown
+    cat "$LOGS/bench_atari.log" | sed -n '/^|/p;/^#/p'
+    ;;
+*)
+    echo "unknown phase $phase" >&2
+    exit 2
+    ;;
+esac
+echo "== $phase: $failed step(s) failed"
+[ "$failed" -eq 0 ]
