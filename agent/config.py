@@ -47,7 +47,8 @@ class Config:
     vector: Literal["sync", "async"] = "sync"
     """Vector env kind: ``sync`` (one process) or ``async`` (one subprocess per env)."""
     device: str = "auto"
-    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
+    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. Small MLPs (classic
+    control) train faster on the CPU: an eager update on a GPU is launch-bound."""
     dtype: Literal["float32", "float64"] = "float32"
     """Floating-point precision of the networks and of the replay batches."""
     torch_threads: int = 1
