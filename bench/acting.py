@@ -60,13 +60,24 @@ class UserMLP(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
-def time_calls(fn: Callable[[], object], calls: int) -> float:
-    """Median microseconds of ``calls`` single calls."""
+def time_calls(fn: Callable[[], object], calls: int, cuda_sync: bool = False) -> float:
+    """Median microseconds of ``calls`` single calls.
+
+    ``cuda_sync``: synchronise CUDA before and after each call. A CUDA call returns once
+    its kernels are queued: the first synchronize empties the queue, so a call never pays
+    for the previous one's kernels; the second waits for its own, so the time is launch
+    plus execution.
+    """
     times = []
     clock = time.perf_counter_ns
+    sync = torch.cuda.synchronize
     for _ in range(calls):
+        if cuda_sync:
+            sync()
         start = clock()
         fn()
+        if cuda_sync:
+            sync()
         times.append(clock() - start)
     return statistics.median(times) / 1000.0
 

@@ -29,7 +29,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,24 +62,6 @@ def make_batch(batch: int, device: torch.device) -> Batch:
         dones=(torch.rand(batch, generator=g) < 0.05).float().to(device),
         discounts=torch.full((batch,), 0.99**3).to(device),
     )
-
-
-def time_calls_cuda(fn: Callable[[], object], calls: int) -> float:
-    """Median microseconds of ``calls`` single calls, each one synchronised before and after.
-
-    The first synchronize empties the queue, so a call never pays for the previous
-    one's kernels; the second waits for its own, so the time is launch plus execution.
-    """
-    times = []
-    clock = time.perf_counter_ns
-    sync = torch.cuda.synchronize
-    for _ in range(calls):
-        sync()
-        start = clock()
-        fn()
-        sync()
-        times.append(clock() - start)
-    return statistics.median(times) / 1000.0
 
 
 def capture_update(
@@ -205,7 +186,6 @@ def main() -> int:
     torch.set_flush_denormal(True)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    timer = time_calls_cuda if cuda else time_calls
     torch.manual_seed(0)
     net = QNetwork(
         (4,), 2, args.hidden, noisy_layers=args.noisy_layers, sigma0=args.sigma0, device=device
@@ -293,7 +273,7 @@ def main() -> int:
     results: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, fn in variants.items():
-            results[name].append(timer(fn, args.calls))
+            results[name].append(time_calls(fn, args.calls, cuda_sync=cuda))
     medians = {name: statistics.median(times) for name, times in results.items()}
 
     sizes = "-".join(str(s) for s in [4, *args.hidden, 2])
