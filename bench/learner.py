@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from acting import machine, time_calls
 
+from agent.acting.graph import CaptureFn, CapturedGraph, capture_cuda_graph
 from agent.learner import Learner
 from agent.networks import QNetwork
 from agent.optim import Adam
@@ -65,27 +66,20 @@ def make_batch(batch: int, device: torch.device) -> Batch:
 
 
 def capture_update(
-    learner: Learner, batch: Batch, warmup: int = 3
-) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """``learner.update(batch)`` captured as one CUDA graph: (graph, its static loss tensor).
+    learner: Learner, batch: Batch, capture: CaptureFn = capture_cuda_graph
+) -> CapturedGraph:
+    """``learner.update(batch)`` captured as one graph; ``graph.output`` is its static loss.
 
-    The standard recipe: warm-up calls on a side stream first (lazy initialisation,
-    cuBLAS workspaces and autograd's device threads must not happen inside the
-    capture), then one capture. The optimizer's gradients need no set-up: agent.optim.Adam
-    points every ``.grad`` at a view of one flat buffer from its constructor on, and
-    autograd accumulates into an existing ``.grad`` in place, so the captured backward
-    writes to those fixed addresses (checked after capture by :func:`grads_in_flat_buffer`).
+    ``capture`` is the acting path's capture seam (:mod:`agent.acting.graph`): the
+    standard recipe of warm-up calls on a side stream, then one capture, and
+    ``capture_eager`` stands in for it without a GPU. The batch is static; its ``obs``
+    is passed only to name the device. The optimizer's gradients need no set-up:
+    agent.optim.Adam points every ``.grad`` at a view of one flat buffer from its
+    constructor on, and autograd accumulates into an existing ``.grad`` in place, so the
+    captured backward writes to those fixed addresses (checked after capture by
+    :func:`grads_in_flat_buffer`).
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            learner.update(batch)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss = learner.update(batch)
-    return graph, loss
+    return capture(lambda _obs: learner.update(batch), (batch.obs,))
 
 
 def grads_in_flat_buffer(optimizer: Adam) -> bool:
@@ -100,7 +94,7 @@ def grads_in_flat_buffer(optimizer: Adam) -> bool:
     )
 
 
-def check_graph(learner: Learner, graph: torch.cuda.CUDAGraph, loss: torch.Tensor) -> None:
+def check_graph(learner: Learner, graph: CapturedGraph, loss: torch.Tensor) -> None:
     """Replay a few times and print what moved: the honest checks that need no eager twin."""
     replays = 5
     opt = learner.optimizer
@@ -134,7 +128,7 @@ def check_graph(learner: Learner, graph: torch.cuda.CUDAGraph, loss: torch.Tenso
           "optimizer.state_dict() (host step counts) disagrees with the device counts")
 
 
-def compare_with_eager(learner: Learner, graph: torch.cuda.CUDAGraph, loss: torch.Tensor,
+def compare_with_eager(learner: Learner, graph: CapturedGraph, loss: torch.Tensor,
                        batch: Batch) -> None:
     """N eager updates on an exact copy against N replays, from the same CUDA seed.
 
@@ -253,16 +247,16 @@ def main() -> int:
     # The graph gets a network and a learner of its own, so that its warm-up and replays
     # leave every other variant's state alone. Captured before the timing so that its
     # replays are interleaved with the other variants like any of them.
-    graph_parts: tuple[Learner, torch.cuda.CUDAGraph, torch.Tensor] | None = None
+    graph_parts: tuple[Learner, CapturedGraph] | None = None
     if cuda:
         net_g = copy.deepcopy(net)
         learner_g = Learner(net_g, copy.deepcopy(net_g), lr=LR, backend="torch")
         try:
-            graph, graph_loss = capture_update(learner_g, batch)
+            graph = capture_update(learner_g, batch)
             torch.cuda.synchronize()
             if not grads_in_flat_buffer(learner_g.optimizer):
                 raise RuntimeError("the capture replaced .grad tensors (see grads_in_flat_buffer)")
-            graph_parts = (learner_g, graph, graph_loss)
+            graph_parts = (learner_g, graph)
             variants[GRAPH] = graph.replay
         except Exception as e:
             print(f"graph capture failed: {type(e).__name__}: {e}", flush=True)
@@ -302,10 +296,10 @@ def main() -> int:
         print(f"the CUDA graph takes {replay:.0f} us per update against eager torch's "
               f"{autograd:.0f} ({autograd / replay:.2f}x faster)")
     if graph_parts is not None:
-        learner_g, graph, graph_loss = graph_parts
+        learner_g, graph = graph_parts
         checks: dict[str, Callable[[], None]] = {
-            "graph check": lambda: check_graph(learner_g, graph, graph_loss),
-            "eager comparison": lambda: compare_with_eager(learner_g, graph, graph_loss, batch),
+            "graph check": lambda: check_graph(learner_g, graph, graph.output),
+            "eager comparison": lambda: compare_with_eager(learner_g, graph, graph.output, batch),
         }
         for what, run_check in checks.items():  # one failing says why; the next still runs
             try:

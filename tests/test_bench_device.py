@@ -13,6 +13,8 @@ import pytest
 import torch
 from conftest import CUDA, load_bench_script
 
+from agent.acting.graph import capture_eager
+
 ROOT = Path(__file__).resolve().parent.parent
 HAS_ALE = importlib.util.find_spec("ale_py") is not None
 
@@ -54,17 +56,6 @@ def test_atari_breakdown_quick_on_cpu_prints_every_part():
         assert part in out.stdout, out.stdout
 
 
-class EagerStandIn:
-    """A 'graph' whose replay runs the update eagerly into a static loss tensor."""
-
-    def __init__(self, learner, batch) -> None:
-        self.learner, self.batch = learner, batch
-        self.loss = learner.update(batch).clone()
-
-    def replay(self) -> None:
-        self.loss.copy_(self.learner.update(self.batch))
-
-
 def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
     # The checks' own logic (the twin learner copied from the graph's, Adam state
     # included, reseeded) on the CPU: an eager stand-in must match the twin exactly,
@@ -76,10 +67,11 @@ def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
     net = mod.QNetwork((4,), 2, [16, 16], noisy_layers="last")
     learner = mod.Learner(net, copy.deepcopy(net), lr=mod.LR, backend="torch")
     batch = mod.make_batch(8, torch.device("cpu"))
-    graph = EagerStandIn(learner, batch)
+    # The script's own capture path, with the acting path's eager stand-in for the graph.
+    graph = mod.capture_update(learner, batch, capture=capture_eager)
     assert mod.grads_in_flat_buffer(learner.optimizer)
-    mod.check_graph(learner, graph, graph.loss)
-    mod.compare_with_eager(learner, graph, graph.loss, batch)
+    mod.check_graph(learner, graph, graph.output)
+    mod.compare_with_eager(learner, graph, graph.output, batch)
     out = capsys.readouterr().out
     assert "CUDA graph check after 5 replays: OK" in out
     assert "advanced by [5.0]" in out
