@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,19 @@ def test_env_kwargs_is_a_checked_mapping(config_dir: Path) -> None:
     # The saved config.yaml round-trips it.
     saved = yaml.safe_load(yaml.safe_dump(cfg.to_dict()))
     assert config_from_dict(saved, "config.yaml").env_kwargs == {"goal_velocity": 0.02}
+
+
+def test_defaults_agree_in_the_dataclass_default_yaml_and_readme() -> None:
+    # Three places state each default: a change to one that misses another would make
+    # `Config()`, an env without a YAML and the user's manual disagree.
+    shipped = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())
+    readme = (CONFIG_DIR.parent / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", readme, flags=re.MULTILINE))
+    disagree = []
+    for f in dataclasses.fields(Config):
+        if f.name == "env_id":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if not (default == shipped[f.name] == yaml.safe_load(rows[f.name])):
+            disagree.append((f.name, default, shipped[f.name], rows[f.name]))
+    assert disagree == [], f"(key, dataclass, default.yaml, README): {disagree}"
