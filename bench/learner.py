@@ -94,7 +94,7 @@ def grads_in_flat_buffer(optimizer: Adam) -> bool:
     )
 
 
-def check_graph(learner: Learner, graph: CapturedGraph, loss: torch.Tensor) -> None:
+def check_graph(learner: Learner, graph: CapturedGraph) -> None:
     """Replay a few times and print what moved: the honest checks that need no eager twin."""
     replays = 5
     opt = learner.optimizer
@@ -114,6 +114,7 @@ def check_graph(learner: Learner, graph: CapturedGraph, loss: torch.Tensor) -> N
     grad_norm = float(torch.linalg.vector_norm(opt.flat_grad))
     sums_moved = bool((learner._sums != sums_before).any())
     host_after = (learner.updates, learner._count, opt.step_count)
+    loss = graph.output
     ok = moved > 0 and finite and bool(torch.isfinite(loss).all()) and grad_norm > 0
     print(f"\nCUDA graph check after {replays} replays: {'OK' if ok else 'FAILED'}")
     print(f"- parameters changed (max |change| {moved:.3g}) and all finite: {moved > 0 and finite}")
@@ -128,8 +129,7 @@ def check_graph(learner: Learner, graph: CapturedGraph, loss: torch.Tensor) -> N
           "optimizer.state_dict() (host step counts) disagrees with the device counts")
 
 
-def compare_with_eager(learner: Learner, graph: CapturedGraph, loss: torch.Tensor,
-                       batch: Batch) -> None:
+def compare_with_eager(learner: Learner, graph: CapturedGraph, batch: Batch) -> None:
     """N eager updates on an exact copy against N replays, from the same CUDA seed.
 
     Replays draw their noise from the default CUDA generator's state at replay time, as
@@ -155,7 +155,7 @@ def compare_with_eager(learner: Learner, graph: CapturedGraph, loss: torch.Tenso
         float((a.detach() - b.detach()).abs().max())
         for a, b in zip(twin.optimizer.params, learner.optimizer.params, strict=True)
     )
-    loss_diff = float((eager_loss - loss).abs())
+    loss_diff = float((eager_loss - graph.output).abs())
     verdict = "match up to float rounding" if diff <= 1e-5 and loss_diff <= 1e-5 else "DIFFER"
     print(f"- {updates} replays against {updates} eager updates from the same state and CUDA "
           f"seed: max |parameter difference| {diff:.3g}, |loss difference| {loss_diff:.3g} "
@@ -298,8 +298,8 @@ def main() -> int:
     if graph_parts is not None:
         learner_g, graph = graph_parts
         checks: dict[str, Callable[[], None]] = {
-            "graph check": lambda: check_graph(learner_g, graph, graph.output),
-            "eager comparison": lambda: compare_with_eager(learner_g, graph, graph.output, batch),
+            "graph check": lambda: check_graph(learner_g, graph),
+            "eager comparison": lambda: compare_with_eager(learner_g, graph, batch),
         }
         for what, run_check in checks.items():  # one failing says why; the next still runs
             try:

@@ -70,8 +70,8 @@ def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
     # The script's own capture path, with the acting path's eager stand-in for the graph.
     graph = mod.capture_update(learner, batch, capture=capture_eager)
     assert mod.grads_in_flat_buffer(learner.optimizer)
-    mod.check_graph(learner, graph, graph.output)
-    mod.compare_with_eager(learner, graph, graph.output, batch)
+    mod.check_graph(learner, graph)
+    mod.compare_with_eager(learner, graph, batch)
     out = capsys.readouterr().out
     assert "CUDA graph check after 5 replays: OK" in out
     assert "advanced by [5.0]" in out
