@@ -1,7 +1,7 @@
 """Noisy DQN command line: train, evaluate a saved policy, resume an interrupted run.
 
     python run.py --env CartPole-v1                       train with configs/ defaults
-    python run.py --env CartPole-v1 --eval RUN/checkpoints/best.pt
+    python run.py --eval RUN/checkpoints/best.pt          on the checkpoint's env (or --env)
     python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
     python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep/)
@@ -243,19 +243,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agent.evaluate import run_episodes
     from envs import make_env
 
-    if not args.env:
-        _user_error("--env is required with --eval: the environment to evaluate on")
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
-    data, cfg, spec, env_kwargs, q_network = _load_policy(args.eval, args.env, args.device)
+    data, cfg, spec, env_options, q_network = _load_policy(args.eval, args.env, args.device)
+    env_id = spec.env_id
     device = next(q_network.parameters()).device
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
     if args.video:
         from envs.video import video_env
 
-        envs = [video_env(args.env, args.video, env_kwargs=env_kwargs)]
+        envs = [video_env(env_id, args.video, **env_options)]
     else:
-        envs = [make_env(args.env, env_kwargs=env_kwargs) for _ in range(min(args.episodes, 10))]
+        envs = [make_env(env_id, **env_options) for _ in range(min(args.episodes, 10))]
     seed = cfg.seed if args.seed is None else args.seed
     torch.manual_seed(seed)
     selector = ActionSelector(
@@ -265,7 +264,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for env in envs:
         env.close()  # with --video, writes the last video
     print(
-        f"{args.env}: mean return {result.mean:.2f} +/- {result.std:.2f} over {args.episodes} "
+        f"{env_id}: mean return {result.mean:.2f} +/- {result.std:.2f} over {args.episodes} "
         f"episodes (noise {args.noise}, checkpoint {args.eval})"
     )
     if args.video:
@@ -274,12 +273,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    "env": args.env,
+                    "env": env_id,
                     "episodes": args.episodes,
                     "mean_return": result.mean,
                     "std_return": result.std,
                     "min_return": float(result.returns.min()),
                     "max_return": float(result.returns.max()),
+                    "success_rate": result.success_rate,
                     "mean_length": float(result.lengths.mean()),
                     "noise": args.noise,
                     "checkpoint": str(args.eval),
@@ -301,9 +301,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
     require_format(fmt)  # a missing extra is reported before anything runs
     out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
-    data, _, _, env_kwargs, q_network = _load_policy(checkpoint, args.env, "cpu")
-    env_id = args.env or data["env_id"]
-    env = make_env(env_id, env_kwargs=env_kwargs)
+    data, _, spec, env_options, q_network = _load_policy(checkpoint, args.env, "cpu")
+    env_id = spec.env_id
+    env = make_env(env_id, **env_options)
     try:
         result = write_verified(q_network, env, out, fmt, obs_dtype=data["obs_dtype"])
     except ExportMismatch as e:
@@ -323,10 +323,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _load_policy(
     path: str | Path, env_id: str | None, device: str | None
 ) -> tuple[dict[str, Any], Any, Any, dict[str, Any], Any]:
-    """(checkpoint, its config, the env's spec, env_kwargs, online network) for ``--eval``
-    and ``--export``; ``env_id`` None means the checkpoint's own env.
+    """(checkpoint, its config, the env's spec, the env's options, online network) for
+    ``--eval`` and ``--export``; ``env_id`` None means the checkpoint's own env.
 
-    The training env's options (``env_kwargs``) apply when the env is the training env.
+    The training env's options (``env_kwargs`` and ``wrappers``, as keyword arguments of
+    ``make_env``) apply when the env is the training env.
     One torch thread: these are batch-1 forwards while playing the env.
     """
     import torch
@@ -339,14 +340,18 @@ def _load_policy(
     data = load_checkpoint(path)
     cfg = config_from_dict(dict(data["config"]), str(path))
     env_id = env_id or data["env_id"]
-    env_kwargs = cfg.env_kwargs if env_id == data["env_id"] else {}
-    spec = inspect_env(env_id, env_kwargs)
+    same = env_id == data["env_id"]
+    env_options = {
+        "env_kwargs": cfg.env_kwargs if same else {},
+        "wrappers": cfg.wrappers if same else [],
+    }
+    spec = inspect_env(env_id, **env_options)
     check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
     torch.set_num_threads(1)
     on = resolve_device(device or "auto")
     q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, on)
     q_network.load_state_dict(data["q_network"])
-    return data, cfg, spec, env_kwargs, q_network
+    return data, cfg, spec, env_options, q_network
 
 
 def _user_error(message: str) -> NoReturn:

@@ -1,7 +1,8 @@
 """The one configuration dataclass, and how it is resolved from YAML files and overrides.
 
 Precedence, lowest first: ``configs/default.yaml`` < ``configs/<ENV_ID>.yaml`` (or
-``configs/atari.yaml`` for ALE ids) < ``--config FILE`` < ``--set key=value``.
+``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids) <
+``--config FILE`` < ``--set key=value``.
 Unknown keys, wrong types and invalid values raise :class:`UserError` before
 anything runs.
 """
@@ -38,6 +39,11 @@ class Config:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of every ``gymnasium.make`` of the run (training, evaluation, video),
     e.g. ``{goal_velocity: 0.02}`` for MountainCar-v0 or ``{max_episode_steps: 200}``."""
+    wrappers: list[str | dict[str, dict[str, Any] | None]] = field(default_factory=list)
+    """gymnasium wrappers by import path, applied in order to every env of the run as
+    ``gymnasium.make`` returns it (before the Atari and MiniGrid preprocessing):
+    ``module:Class`` or ``{module:Class: {key: value}}``, e.g.
+    ``[minigrid.wrappers:FullyObsWrapper]``."""
     seed: int = 1
     """Seed of torch, numpy, Python and every environment episode."""
     total_steps: int = 150_000
@@ -374,15 +380,18 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def env_config_file(env_id: str, config_dir: Path = CONFIG_DIR) -> Path | None:
-    """``configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), or ``configs/atari.yaml`` for ALE ids."""
-    name = env_id.split(":", 1)[-1].replace("/", "_")
-    path = config_dir / f"{name}.yaml"
+    """``configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), else the family's file:
+    ``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids."""
+    bare = env_id.split(":", 1)[-1]
+    path = config_dir / f"{bare.replace('/', '_')}.yaml"
     if path.is_file():
         return path
-    if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
-        atari = config_dir / "atari.yaml"
-        return atari if atari.is_file() else None
-    return None
+    family = None
+    if bare.startswith("ALE/") or "NoFrameskip" in bare:
+        family = config_dir / "atari.yaml"
+    elif bare.startswith("MinAtar/"):
+        family = config_dir / "minatar.yaml"
+    return family if family is not None and family.is_file() else None
 
 
 def load_config(

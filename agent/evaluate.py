@@ -30,6 +30,11 @@ class EvalResult:
         return float(self.returns.std())
 
     @property
+    def success_rate(self) -> float:
+        """Share of episodes with a positive return: solved episodes of sparse goal tasks."""
+        return float((self.returns > 0).mean())
+
+    @property
     def standard_error(self) -> float:
         """Standard error of the mean return (sample std / sqrt(episodes); 0 for one episode)."""
         n = len(self.returns)

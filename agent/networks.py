@@ -1,4 +1,4 @@
-"""Q-networks: an MLP or Nature-CNN torso, a (noisy) Q head, optional dueling streams."""
+"""Q-networks: an MLP, MinAtar-CNN or Nature-CNN torso, a (noisy) Q head, optional dueling."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from torch import nn
 from agent.noisy import NoisyLinear
 from agent.noisy import noisy_layers as find_noisy_layers
 
-__all__ = ["NatureCNN", "QNetwork"]
+__all__ = ["MIN_NATURE_SIZE", "MinAtarCNN", "NatureCNN", "QNetwork"]
+
+# The smallest frame the Nature CNN takes; smaller images get the MinAtar torso.
+MIN_NATURE_SIZE = 36
 
 NoisyLayers = Literal["all", "last", "none"]
 
@@ -65,6 +68,35 @@ class NatureCNN(nn.Module):
         return self.convs(x)
 
 
+class MinAtarCNN(nn.Module):
+    """The torso of MinAtar's DQN (Young & Tian 2019): one 3x3 convolution, 16 filters, ReLU.
+
+    For small images such as MinAtar's 10x10 grids of binary channels. Takes
+    ``(B, C, H, W)`` in the parameters' dtype (``QNetwork`` casts; no scaling: the
+    observation adapter gives values in [0, 1]).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        height: int,
+        width: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if height < 3 or width < 3:
+            raise ValueError(f"MinAtarCNN needs images of at least 3x3, got {height}x{width}")
+        self.conv = nn.Conv2d(in_channels, 16, kernel_size=3, stride=1, device=device, dtype=dtype)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.out_features = 16 * (height - 2) * (width - 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.flatten(self.relu(self.conv(x)))
+
+
 def _linear(
     in_features: int,
     out_features: int,
@@ -94,7 +126,8 @@ class QNetwork(nn.Module):
 
     Args:
         obs_shape: shape of one observation. 1-D shapes get an MLP; 3-D shapes
-            ``(C, H, W)`` get the Nature-CNN torso.
+            ``(C, H, W)`` get the Nature-CNN torso, or the MinAtar one when ``H`` or
+            ``W`` is under 36 (the Nature CNN's minimum).
         n_actions: number of discrete actions.
         hidden_sizes: widths of the hidden linear layers of the head (after the
             torso, if any). With ``dueling``, the last width is the hidden layer
@@ -141,7 +174,8 @@ class QNetwork(nn.Module):
             self.torso: nn.Module = nn.Identity()
             features = obs_shape[0]
         elif len(obs_shape) == 3:
-            self.torso = NatureCNN(*obs_shape, **factory)
+            small = min(obs_shape[1:]) < MIN_NATURE_SIZE
+            self.torso = (MinAtarCNN if small else NatureCNN)(*obs_shape, **factory)
             features = self.torso.out_features
         else:
             raise ValueError(
@@ -177,10 +211,9 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """``obs``: ``(B, *obs_shape)`` on the network's device -> Q values ``(B, n_actions)``."""
-        x = self.torso(obs)
-        if isinstance(self.torso, nn.Identity):
-            x = x.to(dtype=self._param_dtype())
-        x = self.head(x)
+        if not isinstance(self.torso, NatureCNN):  # the Nature CNN scales uint8 frames itself
+            obs = obs.to(dtype=self._param_dtype())
+        x = self.head(self.torso(obs))
         if not self.dueling:
             return x
         value = self.value(x)  # (B, 1)

@@ -7,7 +7,8 @@ once (traced with ``torch.fx``, the same tracer as the acting path's
 :class:`~agent.acting.numpy_forward.NumpyForward`, and its ops but the functional
 ``leaky_relu`` and ``elu``, which are left to autograd) into a numpy program that keeps
 what the backward pass needs, and computes the parameters' gradients with one
-hand-written vector-Jacobian product per op, in reverse order. Parameters, noise
+hand-written vector-Jacobian product per op, in reverse order (convolutions: PyTorch's
+own kernels, :class:`~agent.acting.numpy_forward.TorchConv2d`). Parameters, noise
 buffers and gradients are zero-copy numpy views of the live tensors, so optimizer
 steps, ``load_state_dict`` and ``reset_noise`` are seen with no copying, and the
 gradients land where the optimizer reads them.
@@ -16,8 +17,8 @@ The contract, held by tests for every network ``QNetwork`` builds and for users'
 own modules: for the same parameters and noise, :meth:`NumpyGrad.forward` equals
 ``module(x)`` and :meth:`NumpyGrad.backward` equals autograd's gradients, up to
 float rounding. A NoisyLinear uses its noise while its ``noise_enabled`` is True,
-as its own ``forward`` does. Whatever the tracer cannot reproduce (convolutions,
-control flow on values, other ops, parameters on another device) makes
+as its own ``forward`` does. Whatever the tracer cannot reproduce (control flow on
+values, other ops, parameters on another device) makes
 :meth:`NumpyGrad.build` return ``None``; the learner then keeps PyTorch's autograd.
 """
 
@@ -33,7 +34,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from agent.acting.numpy_forward import cast_target, constant, cpu_float_dtype, trace_leaves
+from agent.acting.numpy_forward import (
+    TorchConv2d,
+    cast_target,
+    constant,
+    cpu_float_dtype,
+    trace_leaves,
+)
 from agent.noisy import NoisyLinear
 
 __all__ = ["GradientSink", "NumpyGrad"]
@@ -320,6 +327,12 @@ class NumpyGrad:
                         slot[node] = args[0]
                         continue
                     nodes.append(_reshape_node(out, args, needs_grad))
+                elif kind is nn.Conv2d:
+                    node_, trainable = _conv_node(out, args, sub, needs_grad, sink)
+                    nodes.append(node_)
+                    needs_grad[out] = trainable or needs_grad[args[0]]
+                    slot[node] = out
+                    continue
                 elif kind in (nn.Linear, NoisyLinear):
                     layer = linears.setdefault(node.target, _Linear(sub, sink))
                     trainable = any(i is not None for i in layer.grad_slots)
@@ -445,6 +458,36 @@ def _linear_node(
     return _Node(out, args, layer.forward, backward, [need_input])
 
 
+def _conv_node(
+    out: int,
+    args: list[Any],
+    layer: nn.Conv2d,
+    needs_grad: dict[int, bool],
+    sink: GradientSink | None,
+) -> tuple[_Node, bool]:
+    """A convolution node, and whether its own parameters are trainable."""
+    (a,) = args
+    conv = TorchConv2d(layer)
+    slot = sink.slot if sink is not None else (lambda p: None)
+    i_weight = slot(layer.weight)
+    i_bias = None if layer.bias is None else slot(layer.bias)
+    need_input = needs_grad[a]
+
+    def backward(g: Array, values: list[Array], y: Array) -> list[Array | None]:
+        assert sink is not None
+        grad_input, grad_weight, grad_bias = conv.backward(
+            g, values[0], need_input, i_weight is not None, i_bias is not None
+        )
+        if grad_weight is not None:
+            sink.add(i_weight, grad_weight)
+        if grad_bias is not None:
+            sink.add(i_bias, grad_bias)
+        return [grad_input]
+
+    trainable = i_weight is not None or i_bias is not None
+    return _Node(out, args, conv, backward, [need_input]), trainable
+
+
 def _activation_node(
     out: int,
     args: list[Any],
@@ -538,11 +581,13 @@ def _mean_node(
 
 
 def _fresh_linear_output(module: nn.Module, arg: Any) -> bool:
-    """True for a linear layer's output that nothing else reads (safe to overwrite)."""
+    """True for a linear layer's or convolution's output that nothing else reads (safe to
+    overwrite)."""
     return (
         isinstance(arg, fx.Node)
         and arg.op == "call_module"
-        and type(module.get_submodule(arg.target)) in (nn.Linear, NoisyLinear)  # type: ignore[arg-type]
+        and type(module.get_submodule(arg.target))  # type: ignore[arg-type]
+        in (nn.Linear, NoisyLinear, nn.Conv2d)
         and len(arg.users) == 1
     )
 

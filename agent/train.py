@@ -234,7 +234,7 @@ def train(
     """
     wall_start = time.perf_counter()
     # User errors (bad id, spaces, env_kwargs) before anything is written.
-    spec = inspect_env(cfg.env_id, cfg.env_kwargs)
+    spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
     device = resolve_device(cfg.device)
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
@@ -261,11 +261,11 @@ def train(
             # (docs/benchmarks.md). run.py's OPENBLAS_NUM_THREADS misses train() called from
             # a sweep's worker or a notebook, where numpy was imported first.
             cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
-        envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs)
+        envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
         cleanup.callback(_close_quietly, envs)
         # Evaluation plays up to EVAL_BATCH episodes at once on its own env copies.
         eval_envs = [
-            make_env(cfg.env_id, env_kwargs=cfg.env_kwargs)
+            make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
             for _ in range(min(EVAL_BATCH, cfg.eval_episodes))
         ]
         cleanup.callback(_close_quietly, *eval_envs)

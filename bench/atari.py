@@ -103,14 +103,14 @@ def breakdown(env_id: str, num_envs: int, device: str, quick: bool) -> None:
     cfg = load_config(env_id, overrides={
         "device": device, "num_envs": num_envs, "buffer_size": 50_000, "torch_threads": 1,
     })
-    spec = inspect_env(env_id, cfg.env_kwargs)
+    spec = inspect_env(env_id, cfg.env_kwargs, cfg.wrappers)
     dev = resolve_device(cfg.device)
     agent = build_agent(cfg, spec, dev, eval_envs=1)
     replay, selector, learner = agent.replay, agent.selector, agent.learner
     generator = torch.Generator(device=replay.storage_device).manual_seed(0)
     clock = Clock(dev)
     rng = np.random.default_rng(0)
-    envs = make_vector_env(env_id, num_envs, "sync", cfg.env_kwargs)
+    envs = make_vector_env(env_id, num_envs, "sync", cfg.env_kwargs, cfg.wrappers)
     try:
         obs, _ = envs.reset(seed=0)
         step = 0

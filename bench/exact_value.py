@@ -112,8 +112,8 @@ def exact_value_of_checkpoint(env_id: str, checkpoint: str | Path) -> tuple[floa
     from envs import make_env
     from run import _load_policy
 
-    _, _, spec, env_kwargs, q_network = _load_policy(checkpoint, env_id, "cpu")
-    env = make_env(env_id, env_kwargs=env_kwargs)
+    _, _, spec, env_options, q_network = _load_policy(checkpoint, env_id, "cpu")
+    env = make_env(env_id, **env_options)
     try:
         model = TabularModel(env)
         if spec.max_episode_steps is None:

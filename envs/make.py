@@ -28,10 +28,12 @@ the three cannot differ), with gymnasium's own wrappers:
 
 * ``Box`` of rank 1: as it is.
 * ``Box`` of rank 3 (an image): channel-last ``(H, W, C)`` (the last dimension smaller
-  than the other two) is transposed to ``(C, H, W)``; channel-first stays. An image
-  smaller than the Nature CNN's 36x36 is flattened instead.
+  than the other two) is transposed to ``(C, H, W)``; channel-first stays. Images of
+  36x36 and up go to the Nature CNN; smaller ones (at least 3x3, e.g. MinAtar's 10x10
+  grids) to the MinAtar CNN, with uint8 pixels scaled to float32 in [0, 1] (bool and
+  float values stay as they are). Smaller than 3x3: flattened.
 * ``Box`` of rank 4 (a stack of images, e.g. ``FrameStackObservation`` over RGB frames):
-  ``(S, H, W, C)`` or ``(S, C, H, W)`` becomes ``(S * C, H, W)``; small ones are flattened.
+  ``(S, H, W, C)`` or ``(S, C, H, W)`` becomes ``(S * C, H, W)``, by the same rules.
 * ``Box`` of rank 2: a uint8 frame of at least 36x36 becomes a one-channel image
   ``(1, H, W)``; anything else is flattened (``FlattenObservation``).
 * ``Box`` of rank 0 or > 4: flattened.
@@ -42,7 +44,10 @@ the three cannot differ), with gymnasium's own wrappers:
   one): a :class:`UserError` saying so.
 
 ``env_kwargs`` (the config key) are passed to every ``gymnasium.make`` of a run; a
-keyword the env does not take is a :class:`UserError` naming it.
+keyword the env does not take is a :class:`UserError` naming it. ``wrappers`` (the
+config key, :mod:`envs.wrappers`) wrap the env as ``gymnasium.make`` returns it, before
+any of the above. MinAtar and MiniGrid ids are registered on first use and MiniGrid's
+dict observations encoded (:mod:`envs.families`).
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ import importlib
 import inspect
 import os
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +67,16 @@ import numpy as np
 
 from agent.errors import UserError
 from agent.signals import ignore_stop_signals
+from envs.families import (
+    MinAtarEpisodes,
+    adapt_minatar,
+    adapt_minigrid,
+    family_of,
+    is_minatar,
+    is_minigrid_dict,
+    register_family,
+)
+from envs.wrappers import WrapperSpec, apply_wrappers
 
 __all__ = [
     "ATARI_FRAME_SKIP",
@@ -84,8 +100,10 @@ ATARI_SCREEN_SIZE = 84
 ATARI_FRAME_STACK = 4
 ATARI_NOOP_MAX = 30
 _ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
-# The smallest frame the Nature CNN takes (agent/networks.py); smaller "images" are flattened.
-MIN_IMAGE_SIZE = 36
+# The smallest image kept as an image (the MinAtar CNN's 3x3 kernel); smaller ones are flattened.
+MIN_IMAGE_SIZE = 3
+# The smallest single 2-D uint8 frame read as a one-channel image (the Nature CNN's minimum).
+MIN_FRAME_SIZE = 36
 
 
 @dataclass(frozen=True)
@@ -125,9 +143,11 @@ def _try_register_atari() -> None:
 def check_env_id(env_id: str) -> None:
     """Raise :class:`UserError` (with close ids as suggestions) unless ``env_id`` is registered.
 
-    ``module:Env-v0`` ids import ``module`` first, as ``gymnasium.make`` does.
+    ``module:Env-v0`` ids import ``module`` first, as ``gymnasium.make`` does; MinAtar,
+    MiniGrid and ALE ids are registered from their packages on first use.
     """
     module, _, name = env_id.rpartition(":")
+    before = set(gym.registry)
     if module:
         try:
             importlib.import_module(module)
@@ -136,8 +156,11 @@ def check_env_id(env_id: str) -> None:
                 f"cannot import the module of env id {env_id!r} ({e}); check the module name "
                 "before ':' and that it is installed"
             ) from None
+    family = family_of(name)
     if name not in gym.registry:
-        if _is_atari_id(name):
+        if family is not None:
+            register_family(family)  # a one-line error naming the extra when it is missing
+        elif _is_atari_id(name):
             _register_atari()  # a one-line error when the atari extra is missing
         else:
             _try_register_atari()  # other ALE ids (e.g. Pong-v4), if ale-py is there
@@ -148,6 +171,17 @@ def check_env_id(env_id: str) -> None:
         pass
     close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.pprint_registry()"
+    if module:
+        added = sorted(set(gym.registry) - before)
+        found = f"it registered {len(added)} other ids" if added else "it registered no ids"
+        raise UserError(
+            f"importing {module!r} did not register {name!r} ({found}): {hint}"
+        )
+    if family is None and not close:
+        hint += (
+            "; an env from another package: name the module that registers it, "
+            "--env package.module:Env-v0"
+        )
     raise UserError(f"unknown environment id {env_id!r}: {hint}")
 
 
@@ -213,6 +247,7 @@ def make_atari(
     *,
     render_mode: str | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[WrapperSpec] | None = None,
 ) -> gym.Env:
     """An ALE game with DQN preprocessing: ``(4, 84, 84)`` uint8 stacks, raw rewards, full games.
 
@@ -231,7 +266,7 @@ def make_atari(
     fixed: dict[str, Any] = {"frameskip": 1}
     if render_mode is not None:
         fixed["render_mode"] = render_mode
-    env = _gym_make(env_id, env_kwargs, **fixed)
+    env = apply_wrappers(_gym_make(env_id, env_kwargs, **fixed), wrappers)
     try:
         env = AtariPreprocessing(
             env,
@@ -267,6 +302,12 @@ def _is_image(height: int, width: int) -> bool:
     return min(height, width) >= MIN_IMAGE_SIZE
 
 
+def _pixel_scale(space: gym.spaces.Box, height: int, width: int) -> float | None:
+    """255 for a small uint8 image (the MinAtar CNN takes values in [0, 1]), else None."""
+    small = min(height, width) < MIN_FRAME_SIZE
+    return 255.0 if small and space.dtype == np.uint8 else None
+
+
 def _channel_first(env: gym.Env, space: gym.spaces.Box) -> gym.Env:
     """Images ``(H, W, C)`` / ``(C, H, W)`` and stacks of them ``(S, H, W, C)`` / ``(S, C, H, W)``
     as ``(channels, H, W)`` (a stack's frames and channels merged); too small: flattened."""
@@ -283,14 +324,22 @@ def _channel_first(env: gym.Env, space: gym.spaces.Box) -> gym.Env:
     if not _is_image(height, width):
         return FlattenObservation(env)
     out = (int(np.prod(moved[:-2])), height, width)
-    if out == shape:
+    scale = _pixel_scale(space, height, width)
+    if out == shape and scale is None:
         return env
 
     def to_chw(x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(x, axes)).reshape(out)
 
-    chw = gym.spaces.Box(to_chw(space.low), to_chw(space.high), dtype=space.dtype)
-    return TransformObservation(env, to_chw, chw)
+    if scale is None:
+        chw = gym.spaces.Box(to_chw(space.low), to_chw(space.high), dtype=space.dtype)
+        return TransformObservation(env, to_chw, chw)
+
+    def to_scaled_chw(x: np.ndarray) -> np.ndarray:
+        return to_chw(x).astype(np.float32) / np.float32(scale)
+
+    scaled = gym.spaces.Box(0.0, 1.0, shape=out, dtype=np.float32)
+    return TransformObservation(env, to_scaled_chw, scaled)
 
 
 def adapt_observations(env: gym.Env) -> gym.Env:
@@ -309,7 +358,7 @@ def adapt_observations(env: gym.Env) -> gym.Env:
             return env
         if len(shape) in (3, 4):
             return _channel_first(env, space)
-        if len(shape) == 2 and space.dtype == np.uint8 and _is_image(*shape):
+        if len(shape) == 2 and space.dtype == np.uint8 and min(shape) >= MIN_FRAME_SIZE:
             return ReshapeObservation(env, (1, *shape))  # one grayscale frame
         return FlattenObservation(env)
     if _flattenable(space):
@@ -326,27 +375,46 @@ def make_env(
     *,
     render_mode: str | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[WrapperSpec] | None = None,
 ) -> gym.Env:
     """One environment (for evaluation, video, and the factory of each vector sub-environment).
 
-    Atari ids come preprocessed (:func:`make_atari`); every other id as registered
-    (with ``env_kwargs``) under :func:`adapt_observations`.
+    ``gymnasium.make`` with ``env_kwargs``, then the user's ``wrappers``, then the
+    preprocessing of the id's family: Atari ids the DQN preprocessing
+    (:func:`make_atari`), MinAtar and MiniGrid observations theirs (:mod:`envs.families`),
+    and every env :func:`adapt_observations`.
     """
     check_env_id(env_id)
     if is_atari(env_id):
-        return make_atari(env_id, render_mode=render_mode, env_kwargs=env_kwargs)
+        return make_atari(env_id, render_mode=render_mode, env_kwargs=env_kwargs, wrappers=wrappers)
     fixed = {} if render_mode is None else {"render_mode": render_mode}
-    env = _gym_make(env_id, env_kwargs, **fixed)
+    family = family_of(env_id)
+    with warnings.catch_warnings():
+        if family is not None and family.versions_differ:
+            warnings.filterwarnings("ignore", ".*is out of date", DeprecationWarning)
+        env = _gym_make(env_id, env_kwargs, **fixed)
+    minatar = is_minatar(env)
+    if minatar:
+        env = MinAtarEpisodes(env)
+    env = apply_wrappers(env, wrappers)
     try:
+        if minatar:
+            env = adapt_minatar(env)
+        elif is_minigrid_dict(env):
+            env = adapt_minigrid(env)
         return adapt_observations(env)
     except UserError as e:
         env.close()
         raise UserError(f"{env_id}: {e}") from None
 
 
-def inspect_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> EnvSpec:
+def inspect_env(
+    env_id: str,
+    env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[WrapperSpec] | None = None,
+) -> EnvSpec:
     """Build the env once, check for Discrete actions and report the adapted observations."""
-    env = make_env(env_id, env_kwargs=env_kwargs)
+    env = make_env(env_id, env_kwargs=env_kwargs, wrappers=wrappers)
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(act_space, gym.spaces.Discrete):
@@ -373,16 +441,19 @@ def make_vector_env(
     num_envs: int,
     vector: str = "sync",
     env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[WrapperSpec] | None = None,
 ) -> gym.vector.VectorEnv:
     """``num_envs`` copies of ``env_id`` that the caller resets itself (autoreset disabled)."""
     if num_envs < 1:
         raise UserError(f"num_envs must be >= 1, got {num_envs}: pass --num-envs 1 or more")
     check_env_id(env_id)
     kwargs = dict(env_kwargs or {})
+    wrapper_specs = list(wrappers or [])
     mode = gym.vector.AutoresetMode.DISABLED
     if vector == "sync":
         fns: list[Callable[[], gym.Env]] = [
-            lambda: make_env(env_id, env_kwargs=kwargs) for _ in range(num_envs)
+            lambda: make_env(env_id, env_kwargs=kwargs, wrappers=wrapper_specs)
+            for _ in range(num_envs)
         ]
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
     if vector == "async":
@@ -394,7 +465,7 @@ def make_vector_env(
             # also calls this factory once in the parent, for the spaces.)
             if os.getpid() != parent:
                 ignore_stop_signals()
-            return make_env(env_id, env_kwargs=kwargs)
+            return make_env(env_id, env_kwargs=kwargs, wrappers=wrapper_specs)
 
         return gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=mode)
     raise UserError(f"vector must be 'sync' or 'async', got {vector!r}: use --set vector=sync")

@@ -8,7 +8,7 @@ full-colour game, not the agent's 84x84 input). Needs the ``video`` extra.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,26 @@ from gymnasium.wrappers import RecordVideo
 
 from agent.errors import UserError
 from envs.make import ATARI_FRAME_SKIP, is_atari, make_env
+from envs.wrappers import WrapperSpec
 
-__all__ = ["EpisodeRecorder", "video_env"]
+__all__ = ["EpisodeRecorder", "displayable", "video_env"]
+
+# Frames smaller than this (MinAtar draws its 10x10 grid as 10x10 pixels) are enlarged.
+MIN_VIDEO_SIZE = 160
+
+
+def displayable(frame: np.ndarray) -> np.ndarray:
+    """An RGB frame as uint8, enlarged by whole pixels to at least ``MIN_VIDEO_SIZE`` a side.
+
+    Float frames (MinAtar's, colours in [0, 1]) are scaled to 0-255; uint8 frames of
+    that size and up are returned as they are.
+    """
+    if frame.dtype != np.uint8:
+        frame = (np.clip(frame, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    factor = -(-MIN_VIDEO_SIZE // max(frame.shape[:2]))  # ceil
+    if factor > 1:
+        frame = np.repeat(np.repeat(frame, factor, axis=0), factor, axis=1)
+    return frame
 
 
 class EpisodeRecorder(RecordVideo):
@@ -37,7 +55,7 @@ class EpisodeRecorder(RecordVideo):
         import imageio_ffmpeg
 
         if self.recorded_frames:
-            height, width = self.recorded_frames[0].shape[:2]
+            height, width = displayable(self.recorded_frames[0]).shape[:2]
             writer = imageio_ffmpeg.write_frames(
                 os.path.join(self.video_folder, f"{self._video_name}.mp4"),
                 (width, height),
@@ -47,7 +65,7 @@ class EpisodeRecorder(RecordVideo):
             )
             writer.send(None)  # start ffmpeg
             for frame in self.recorded_frames:
-                writer.send(np.ascontiguousarray(frame))
+                writer.send(np.ascontiguousarray(displayable(frame)))
             writer.close()
         self.recorded_frames = []
         self.recording = False
@@ -55,7 +73,11 @@ class EpisodeRecorder(RecordVideo):
 
 
 def video_env(
-    env_id: str, video_dir: str | Path, *, env_kwargs: Mapping[str, Any] | None = None
+    env_id: str,
+    video_dir: str | Path,
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[WrapperSpec] | None = None,
 ) -> gym.Env:
     """``make_env(env_id)`` rendering ``rgb_array`` frames, every episode recorded as an mp4.
 
@@ -77,7 +99,7 @@ def video_env(
         # gymnasium raises DependencyNotInstalled (no pygame, ...) at make or at the first
         # render: render one frame now, before anything is written. Evaluation resets with
         # its own seeds afterwards, so this reset changes nothing.
-        env = make_env(env_id, render_mode="rgb_array", env_kwargs=env_kwargs)
+        env = make_env(env_id, render_mode="rgb_array", env_kwargs=env_kwargs, wrappers=wrappers)
         env.reset()
         env.render()
     except gym.error.DependencyNotInstalled as e:

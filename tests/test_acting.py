@@ -31,6 +31,7 @@ NETWORKS: dict[str, Callable[[], QNetwork]] = {
     "float64": lambda: QNetwork((4,), N_ACTIONS, dtype=torch.float64),
     "bfloat16": lambda: QNetwork((4,), N_ACTIONS, dtype=torch.bfloat16),
     "cnn": lambda: QNetwork((4, 36, 36), N_ACTIONS, hidden_sizes=(32,)),
+    "minatar": lambda: QNetwork((4, 10, 10), N_ACTIONS, hidden_sizes=(32,), noisy_layers="all"),
 }
 # What "auto" picks on the CPU: the numpy forward where it reproduces the network.
 AUTO_BACKEND = {
@@ -42,6 +43,7 @@ AUTO_BACKEND = {
     "float64": "numpy",
     "bfloat16": "eager",
     "cnn": "eager",
+    "minatar": "numpy",
 }
 
 
@@ -82,6 +84,8 @@ def make_selector(kind: str, net: nn.Module, num_envs: int, **kwargs) -> ActionS
 
 
 def observations(shape: Sequence[int], num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    if len(shape) == 3 and shape[1] < 36:  # bool grids, as MinAtar gives them
+        return rng.random((num_envs, *shape)) < 0.2
     if len(shape) == 3:  # frames, as an Atari env gives them
         return rng.integers(0, 256, size=(num_envs, *shape), dtype=np.uint8)
     return (3.0 * rng.standard_normal((num_envs, *shape))).astype(np.float32)

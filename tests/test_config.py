@@ -25,6 +25,8 @@ def config_dir(tmp_path: Path) -> Path:
     _write(d / "default.yaml", {"lr": 0.001, "batch_size": 32, "total_steps": 10_000})
     _write(d / "Toy-v0.yaml", {"lr": 0.002, "batch_size": 16})
     _write(d / "atari.yaml", {"hidden_sizes": [512]})
+    _write(d / "minatar.yaml", {"hidden_sizes": [128]})
+    _write(d / "MinAtar_Freeway-v0.yaml", {"hidden_sizes": [64]})
     return d
 
 
@@ -40,6 +42,10 @@ def test_precedence_defaults_env_file_config_file_set(config_dir: Path, tmp_path
     # An env without its own file gets the defaults; ALE ids share atari.yaml.
     assert load_config("Other-v0", config_dir=config_dir).lr == 0.001
     assert load_config("ALE/Pong-v5", config_dir=config_dir).hidden_sizes == [512]
+    # MinAtar ids share minatar.yaml, unless a game has its own file.
+    assert load_config("MinAtar/Breakout-v1", config_dir=config_dir).hidden_sizes == [128]
+    assert load_config("minatar:MinAtar/Asterix-v0", config_dir=config_dir).hidden_sizes == [128]
+    assert load_config("MinAtar/Freeway-v0", config_dir=config_dir).hidden_sizes == [64]
 
 
 def test_unknown_key_is_rejected_with_a_suggestion(config_dir: Path) -> None:

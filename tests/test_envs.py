@@ -92,7 +92,19 @@ S = gym.spaces
         (_box((36, 40), np.uint8), (1, 36, 40), "uint8", lambda o: o[None]),  # one gray frame
         (_box((3, 4)), (12,), "float32", np.ravel),  # a small grid, not an image
         (_box((40, 40)), (1600,), "float32", np.ravel),  # float rank 2: not a frame
-        (_box((8, 8, 3), np.uint8), (192,), "uint8", np.ravel),  # too small for the CNN
+        (  # a small image (MinAtar CNN): uint8 pixels scaled to [0, 1]
+            _box((8, 8, 3), np.uint8),
+            (3, 8, 8),
+            "float32",
+            lambda o: o.transpose(2, 0, 1).astype(np.float32) / np.float32(255),
+        ),
+        (  # MinAtar's grids: bool channels stay bool
+            gym.spaces.Box(0, 1, shape=(10, 10, 4), dtype=bool),
+            (4, 10, 10),
+            "bool",
+            lambda o: o.transpose(2, 0, 1),
+        ),
+        (_box((2, 2, 3), np.uint8), (12,), "uint8", np.ravel),  # under 3x3: flattened
         (  # a stack of RGB frames, e.g. FrameStackObservation over a channel-last env
             _box((4, 40, 50, 3), np.uint8),
             (12, 40, 50),
@@ -100,7 +112,8 @@ S = gym.spaces
             lambda o: o.transpose(0, 3, 1, 2).reshape(12, 40, 50),
         ),
         (_box((4, 1, 40, 40), np.uint8), (4, 40, 40), "uint8", lambda o: o.reshape(4, 40, 40)),
-        (_box((2, 3, 4, 5)), (120,), "float32", np.ravel),  # rank 4, but too small
+        (_box((2, 3, 4, 5)), (6, 4, 5), "float32", lambda o: o.reshape(6, 4, 5)),  # small
+        (_box((2, 3, 2, 5)), (60,), "float32", np.ravel),  # rank 4, but under 3x3
         (_box((2, 1, 36, 36, 1), np.uint8), (2592,), "uint8", np.ravel),
         (_box(()), (1,), "float32", np.ravel),
         (S.Discrete(4), (4,), "float32", lambda o: _one_hot(4, o)),

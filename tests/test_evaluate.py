@@ -66,3 +66,11 @@ def test_standard_error_is_the_sample_std_over_sqrt_episodes() -> None:
     result = EvalResult(np.array([1.0, 3.0, 5.0, 7.0]), np.ones(4, dtype=np.int64))
     assert result.standard_error == pytest.approx(np.std([1, 3, 5, 7], ddof=1) / 2)
     assert EvalResult(np.array([2.0]), np.ones(1, dtype=np.int64)).standard_error == 0.0
+
+
+def test_success_rate_is_the_share_of_episodes_with_a_positive_return() -> None:
+    from agent.evaluate import EvalResult
+
+    lengths = np.ones(5, dtype=np.int64)
+    assert EvalResult(np.array([0.0, 0.82, -1.0, 0.5, 0.0]), lengths).success_rate == 0.4
+    assert EvalResult(np.zeros(5), lengths).success_rate == 0.0

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import DEVICES, OpRecorder
 
-from agent.networks import QNetwork
+from agent.networks import MinAtarCNN, NatureCNN, QNetwork
 from agent.noisy import NoisyLinear, noise_disabled, noisy_layers
 
 def _cfg_id(cfg: dict) -> str:
@@ -21,10 +21,14 @@ CONFIGS = [
     {"obs_shape": (4,), "hidden_sizes": (16,), "dueling": True},
     {"obs_shape": (2, 36, 36), "hidden_sizes": (32,)},
     {"obs_shape": (2, 36, 36), "hidden_sizes": (32,), "dueling": True},
+    {"obs_shape": (4, 10, 10), "hidden_sizes": (32,)},  # the MinAtar CNN
+    {"obs_shape": (3, 7, 5), "hidden_sizes": (8,), "dueling": True},
 ]
 
 
 def _obs(obs_shape: tuple[int, ...], batch: int, device: str = "cpu") -> torch.Tensor:
+    if len(obs_shape) == 3 and obs_shape[1] < 36:  # MinAtar's bool grids
+        return torch.rand(batch, *obs_shape, device=device) < 0.2
     if len(obs_shape) == 3:
         return torch.randint(0, 256, (batch, *obs_shape), dtype=torch.uint8, device=device)
     return torch.randn(batch, *obs_shape, device=device)
@@ -147,6 +151,22 @@ def test_gradients_reach_every_parameter() -> None:
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+def test_small_images_get_minatars_torso_and_large_ones_the_nature_cnn() -> None:
+    small = QNetwork((6, 10, 10), 5, (128,), noisy_layers="last")
+    assert isinstance(small.torso, MinAtarCNN) and small.torso.out_features == 16 * 8 * 8
+    conv = small.torso.conv
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride) == (
+        6, 16, (3, 3), (1, 1)
+    )
+    assert [m.in_features for m in noisy_layers(small)] == [128]  # the output layer
+    assert QNetwork((6, 10, 10), 5, (128,), noisy_layers="all").head[0].in_features == 1024
+    assert isinstance(QNetwork((2, 36, 36), 3, (8,)).torso, NatureCNN)
+    # bool grids are read as 0/1, as their float equivalents
+    grids = torch.rand(3, 6, 10, 10) < 0.3
+    with noise_disabled(small):
+        torch.testing.assert_close(small(grids), small(grids.float()))
+
+
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError, match="vectors"):
         QNetwork((2, 3), 2)
@@ -154,8 +174,8 @@ def test_invalid_arguments() -> None:
         QNetwork((4,), 0)
     with pytest.raises(ValueError, match="noisy_layers"):
         QNetwork((4,), 2, noisy_layers="some")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="36x36"):
-        QNetwork((1, 20, 20), 2)
+    with pytest.raises(ValueError, match="3x3"):
+        QNetwork((1, 2, 20), 2)
 
 
 @pytest.mark.gpu

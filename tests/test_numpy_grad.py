@@ -26,12 +26,15 @@ def _compile(net: nn.Module) -> Compiled:
     return program, params, grads, written
 
 
-def _check_against_autograd(net: nn.Module, in_features: int, rows: int = 7) -> None:
+def _check_against_autograd(
+    net: nn.Module, in_features: int | tuple[int, ...], rows: int = 7
+) -> None:
     """Q values and d(sum(w * Q))/d(param) for random w: numpy == autograd (float64)."""
     program, params, grads, written = _compile(net)
     rng = np.random.default_rng(1)
+    shape = in_features if isinstance(in_features, tuple) else (in_features,)
     # float32 observations for a QNetwork (its forward casts them), else the parameters' dtype
-    x = rng.standard_normal((rows, in_features)).astype(
+    x = rng.standard_normal((rows, *shape)).astype(
         np.float32 if isinstance(net, QNetwork) else np.float64
     )
     q = program.forward(x, tape=True)
@@ -62,6 +65,39 @@ def test_gradients_equal_autograd_for_every_qnetwork_mlp(
     reset_noise(net)
     set_noise(net, noise)
     _check_against_autograd(net, 5)
+
+
+@pytest.mark.parametrize("noise", [True, False])
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("noisy", ["all", "last", "none"])
+def test_gradients_equal_autograd_for_the_minatar_cnn(
+    noisy: str, dueling: bool, noise: bool
+) -> None:
+    torch.manual_seed(0)
+    net = QNetwork((3, 6, 5), 4, (16,), noisy_layers=noisy, dueling=dueling, dtype=torch.float64)
+    reset_noise(net)
+    set_noise(net, noise)
+    _check_against_autograd(net, (3, 6, 5))
+
+
+class TwoConvs(nn.Module):
+    """A convolution after a convolution (an input gradient), stride, padding, no bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 5, kernel_size=3, padding=1)
+        self.c2 = nn.Conv2d(5, 4, kernel_size=2, stride=2, bias=False)
+        self.flatten = nn.Flatten()
+        self.out = NoisyLinear(4 * 4 * 3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.c1(x))
+        return self.out(self.flatten(torch.tanh(self.c2(h))))
+
+
+def test_gradients_equal_autograd_through_stacked_convolutions() -> None:
+    torch.manual_seed(0)
+    _check_against_autograd(TwoConvs().double(), (2, 8, 6))
 
 
 class Residual(nn.Module):
@@ -175,14 +211,14 @@ class Sorted(nn.Module):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: QNetwork((4, 84, 84), 3, (32,)),  # convolutions
+        lambda: QNetwork((4, 84, 84), 3, (32,)),  # the Nature CNN scales uint8 by dtype
         MeanOverBatch,
         lambda: MeanOverBatch(-2),
         Sorted,
         lambda: QNetwork((5,), 3, (8,)).to("meta"),
         lambda: QNetwork((5,), 3, (8,), dtype=torch.float16),
     ],
-    ids=["cnn", "mean_over_batch", "mean_over_dim_-2", "sort", "meta", "float16"],
+    ids=["nature_cnn", "mean_over_batch", "mean_over_dim_-2", "sort", "meta", "float16"],
 )
 def test_what_it_cannot_reproduce_returns_none(make) -> None:  # type: ignore[no-untyped-def]
     assert NumpyGrad.build(make()) is None

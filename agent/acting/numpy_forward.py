@@ -12,12 +12,14 @@ noise in the layers' buffers, the numpy Q-values equal ``module(obs)`` up to flo
 rounding (the input is first cast to the parameters' dtype, as ``QNetwork.forward``
 does). Tests hold the two equal for every network ``QNetwork`` can build and for
 modules users write themselves. What compiles: any module whose traced forward uses
-only ``nn.Linear``, :class:`~agent.noisy.NoisyLinear`, elementwise activations
-(ReLU, LeakyReLU, Tanh, Sigmoid, ELU, SiLU, as modules, functions or methods),
-``Identity``/``Flatten`` on vectors, ``+ - * /``, ``mean`` over a dimension and a
-cast to the parameters' dtype, with float32 or float64 parameters on the CPU.
-Anything else (convolutions, control flow on values, other ops) makes
-:meth:`NumpyForward.build` return ``None``, and the selector acts eagerly instead.
+only ``nn.Linear``, :class:`~agent.noisy.NoisyLinear`, ``nn.Conv2d`` (zero padding),
+elementwise activations (ReLU, LeakyReLU, Tanh, Sigmoid, ELU, SiLU, as modules,
+functions or methods), ``Identity``/``Flatten``, ``+ - * /``, ``mean`` over a dimension
+and a cast to the parameters' dtype, with float32 or float64 parameters on the CPU.
+Anything else (control flow on values, other ops) makes :meth:`NumpyForward.build`
+return ``None``, and the selector acts eagerly instead. Convolutions run PyTorch's own
+kernel on zero-copy tensors (:class:`TorchConv2d`): numpy has no convolution, and an
+im2col in numpy is several times slower than that kernel (docs/benchmarks.md).
 
 Noise: :meth:`NumpyForward.resample` draws fresh factorised noise with a numpy
 generator and writes it into the layers' noise buffers (also views), so
@@ -38,7 +40,15 @@ from torch import nn
 
 from agent.noisy import NoisyLinear
 
-__all__ = ["Const", "NumpyForward", "cast_target", "constant", "cpu_float_dtype", "trace_leaves"]
+__all__ = [
+    "Const",
+    "NumpyForward",
+    "TorchConv2d",
+    "cast_target",
+    "constant",
+    "cpu_float_dtype",
+    "trace_leaves",
+]
 
 
 class _NumpyLinear:
@@ -76,6 +86,45 @@ class _NumpyLinear:
         if self.bias is not None:
             y += self.bias
         return y
+
+
+class TorchConv2d:
+    """An ``nn.Conv2d`` on numpy arrays: PyTorch's kernel on zero-copy tensors, live weights."""
+
+    def __init__(self, layer: nn.Conv2d) -> None:
+        if layer.padding_mode != "zeros" or isinstance(layer.padding, str):
+            raise _Unsupported(f"Conv2d padding {layer.padding!r} ({layer.padding_mode})")
+        self.layer = layer
+        self.weight, self.bias = layer.weight, layer.bias
+        self.options = (layer.stride, layer.padding, layer.dilation, layer.groups)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return F.conv2d(torch.from_numpy(x), self.weight, self.bias, *self.options).numpy()
+
+    def backward(
+        self, g: np.ndarray, x: np.ndarray, need_input: bool, need_weight: bool, need_bias: bool
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """(grad of x, of the weight, of the bias), each None where not asked for."""
+        stride, padding, dilation, groups = self.options
+        bias_sizes = None if self.bias is None else list(self.bias.shape)
+        # oneDNN's backward kernels are about twice as fast on channels-last tensors at
+        # these sizes (docs/benchmarks.md), conversions included.
+        channels_last = torch.channels_last
+        grads = torch.ops.aten.convolution_backward(
+            torch.from_numpy(g).contiguous(memory_format=channels_last),
+            torch.from_numpy(x).contiguous(memory_format=channels_last),
+            self.weight.detach().contiguous(memory_format=channels_last),
+            bias_sizes,
+            list(stride),
+            list(padding),
+            list(dilation),
+            False,
+            [0, 0],
+            groups,
+            [need_input, need_weight, need_bias and self.bias is not None],
+        )
+        return tuple(None if t is None else t.numpy() for t in grads)  # type: ignore[return-value]
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -275,6 +324,8 @@ class NumpyForward:
                     layer = linears.setdefault(node.target, _NumpyLinear(sub))
                     fn: Callable[..., np.ndarray] = layer
                     linear = True
+                elif type(sub) is nn.Conv2d:
+                    fn = TorchConv2d(sub)
                 elif type(sub) in _MODULES:
                     fn = _MODULES[type(sub)](sub)
                 elif type(sub) is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1:
