@@ -1,0 +1,292 @@
+"""MinAtar: learning against our epsilon-greedy ablation and the MinAtar paper, and speed
+against MinAtar's own DQN.
+
+Learning (the five games, ``-v0``: the paper's full action set)::
+
+    python bench/minatar_suite.py learn --seeds 101-105 --jobs 2 --plot-dir docs/results/minatar \\
+        --json minatar.json
+
+For every game and seed, ``python run.py --env MinAtar/GAME-v0 --seed S`` (the shipped
+``configs/minatar.yaml``, 1M steps) and the same command with ``--set
+exploration=epsilon --set noisy_layers=none``, each a process of its own. The score of a
+run is its final policy's noise-free 100-episode mean (``result.json``). The table gives,
+per game: the median over seeds and the IQM [95% bootstrap CI] of both agents, the paired
+difference (noisy minus epsilon, seed by seed: its mean with a 95% bootstrap CI over
+seeds), and the MinAtar paper's DQN as read off the learning-curve figure of the MinAtar
+repository's README (30 seeds; a 100-episode moving average of *training* returns, under
+its epsilon 0.1 behaviour, so not the same measure as our noise-free evaluations) at 1M
+and 5M frames. One agent step is one MinAtar frame (no frame skip). ``--from-json``
+re-reads an earlier ``--json`` instead of training.
+
+Speed (one game, against MinAtar's ``examples/dqn.py``, run unchanged but for its frame
+budget; clone https://github.com/kenjyoung/MinAtar for it)::
+
+    python bench/minatar_suite.py speed --reference ~/MinAtar/examples/dqn.py --game breakout \\
+        --frames 300000
+
+runs our default command for ``--frames`` steps and the reference for as many frames,
+one after the other, each on one thread (and pinned to one core where ``taskset``
+exists), and prints the wall time of each per 1M frames, the ratio, the mean training
+return of the last 100 episodes, and the noise-free greedy 100-episode mean of each final
+network on the same evaluation episodes (``--eval``'s seeds). The reference network is
+rebuilt from the weights it saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cartpole import ROOT, parse_seeds, run_ours
+
+GAMES = ["Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"]
+# The MinAtar paper's DQN, read off img/learning_curves.gif of the MinAtar repository
+# (training returns, 100-episode moving average, epsilon 0.1): (1M frames, 5M frames).
+PAPER_DQN = {
+    "Asterix": (10.0, 17.0),
+    "Breakout": (9.0, 10.0),
+    "Freeway": (50.0, 50.0),
+    "Seaquest": (1.0, 20.0),  # the figure predates a Seaquest oxygen fix (MinAtar 1.0.10)
+    "SpaceInvaders": (30.0, 45.0),
+}
+EPSILON = ["--set", "exploration=epsilon", "--set", "noisy_layers=none"]
+AGENTS = {"noisy": [], "epsilon": EPSILON}
+
+
+def paired_ci(a: list[float], b: list[float], reps: int = 50_000) -> tuple[float, float, float]:
+    """Mean of a - b over seeds (paired) and its 95% percentile bootstrap CI."""
+    import numpy as np
+
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    means = d[rng.integers(0, d.size, size=(reps, d.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(d.mean()), float(lo), float(hi)
+
+
+def learn(args: argparse.Namespace) -> int:
+    from agent.sweep import bootstrap_ci, iqm
+    from suite import plot
+
+    games = args.games.split(",")
+    seeds = parse_seeds(args.seeds)
+    extra = [a for kv in args.set for a in ("--set", kv)]
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="bench_minatar_"))
+        jobs = [(g, a, s) for s in seeds for g in games for a in AGENTS]
+
+        def run(job: tuple[str, str, int]) -> dict:
+            game, agent, seed = job
+            env_id = f"MinAtar/{game}-v0"
+            r = run_ours(seed, extra + AGENTS[agent], workdir / game / agent, env_id)
+            print(f"{env_id} | {agent} | seed {seed}: final {r['final_eval_return']:.2f}, "
+                  f"{r['wall_s']:.0f} s", flush=True)
+            return r
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            done = list(pool.map(run, jobs))
+        results = {g: {a: [] for a in AGENTS} for g in games}
+        for (game, agent, _), r in zip(jobs, done, strict=True):
+            results[game][agent].append(r)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+
+    print(f"\nMinAtar, -v0 ids, seeds {args.seeds}, score = the final policy's noise-free "
+          "100-episode mean" + "".join(f", --set {kv}" for kv in args.set) + "\n")
+    print("| game | noisy: median (IQM [95% CI]) | epsilon-greedy: median (IQM [95% CI]) | "
+          "noisy - epsilon, paired mean [95% CI] | paper DQN, 1M / 5M frames (training "
+          "returns, epsilon 0.1) | noisy median >= paper 5M | median wall per run (min) |")
+    print("|---|---|---|---|---|---|---|")
+    reached = 0
+    for game in games:
+        cells = []
+        finals = {}
+        for agent in AGENTS:
+            f = [r["final_eval_return"] for r in results[game][agent]]
+            finals[agent] = f
+            lo, hi = bootstrap_ci(f)
+            cells.append(f"{statistics.median(f):.1f} ({iqm(f):.1f} [{lo:.1f}, {hi:.1f}])")
+        mean, lo, hi = paired_ci(finals["noisy"], finals["epsilon"])
+        one, five = PAPER_DQN[game]
+        ok = statistics.median(finals["noisy"]) >= five
+        reached += ok
+        wall = statistics.median(r["wall_s"] for r in results[game]["noisy"]) / 60
+        print(f"| {game} | {cells[0]} | {cells[1]} | {mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
+              f"{one:g} / {five:g} | {'yes' if ok else 'no'} | {wall:.1f} |")
+        if args.plot_dir:
+            args.plot_dir.mkdir(parents=True, exist_ok=True)
+            budget = max(s for a in AGENTS for r in results[game][a] for s, _ in r["eval_curve"])
+            plot(f"MinAtar/{game}-v0", {a: [r["eval_curve"] for r in results[game][a]]
+                                        for a in AGENTS}, budget,
+                 args.plot_dir / f"{game}.png")
+    print(f"\nthe noisy default's median reaches the paper DQN's 5M-frame level on {reached} "
+          f"of {len(games)} games")
+    return 0
+
+
+# --- speed against MinAtar's examples/dqn.py ---
+
+def _pinned(cmd: list[str], core: int) -> list[str]:
+    return ["taskset", "-c", str(core), *cmd] if shutil.which("taskset") else cmd
+
+
+def _one_thread_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[key] = "1"
+    return env
+
+
+def _reference_network(state_dict: dict, in_channels: int, n_actions: int):
+    """The reference's Q-network (one 3x3 conv, 16 filters; 128 units), rebuilt by layer names."""
+    import torch
+    from torch import nn
+
+    class Reference(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(in_channels, 16, kernel_size=3, stride=1)
+            self.fc_hidden = nn.Linear(16 * 8 * 8, 128)
+            self.output = nn.Linear(128, n_actions)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.conv(x.float()))
+            return self.output(torch.relu(self.fc_hidden(x.flatten(1))))
+
+    net = Reference()
+    net.load_state_dict(state_dict)
+    return net.eval()
+
+
+def _greedy_mean(policy, env_id: str, episodes: int, seed: int) -> float:
+    """Noise-free greedy mean over the episodes ``run.py --eval`` plays (seed stream 2)."""
+    from agent.evaluate import run_episodes
+    from envs import make_env
+
+    envs = [make_env(env_id) for _ in range(10)]
+    try:
+        return run_episodes(policy, envs, episodes, seed=seed, stream=2).mean
+    finally:
+        for env in envs:
+            env.close()
+
+
+def speed(args: argparse.Namespace) -> int:
+    import torch
+
+    title = "".join(part.title() for part in args.game.split("_"))
+    env_id = f"MinAtar/{title}-v0"
+    workdir = Path(tempfile.mkdtemp(prefix="bench_minatar_speed_"))
+    # Ours: the shipped config, periodic evaluations off (the reference has none).
+    run_dir = workdir / "ours"
+    cmd = [sys.executable, "run.py", "--env", env_id, "--seed", str(args.seed),
+           "--total-steps", str(args.frames), "--no-progress", "--run-dir", str(run_dir),
+           "--set", "eval_interval=0", "--set", "confirm_episodes=0"]
+    start = time.perf_counter()
+    subprocess.run(_pinned(cmd, args.core), cwd=ROOT, check=True, env=_one_thread_env(),
+                   capture_output=True)
+    ours_wall = time.perf_counter() - start
+    # The reference, unchanged but for NUM_FRAMES.
+    source = Path(args.reference).expanduser().read_text()
+    patched, n = re.subn(r"^NUM_FRAMES = .*$", f"NUM_FRAMES = {args.frames}", source,
+                         flags=re.MULTILINE)
+    if n != 1:
+        raise SystemExit(f"{args.reference}: no NUM_FRAMES line to set")
+    script = workdir / "dqn.py"
+    script.write_text(patched)
+    out = workdir / "reference"
+    cmd = [sys.executable, str(script), "-g", args.game, "-o", str(out)]
+    start = time.perf_counter()
+    subprocess.run(_pinned(cmd, args.core), cwd=workdir, check=True, env=_one_thread_env(),
+                   capture_output=True)
+    ref_wall = time.perf_counter() - start
+
+    data = torch.load(f"{out}_data_and_weights", weights_only=True)
+    ref_train = statistics.fmean(data["returns"][-100:])
+    channels = data["policy_net_state_dict"]["conv.weight"].shape[1]
+    ref_net = _reference_network(data["policy_net_state_dict"], channels, 6)
+
+    def ref_policy(obs):
+        with torch.no_grad():
+            return ref_net(torch.from_numpy(obs)).argmax(dim=1).numpy()
+
+    ref_eval = _greedy_mean(ref_policy, env_id, 100, args.seed)
+    proc = subprocess.run([sys.executable, "run.py", "--eval", str(run_dir / "checkpoints" /
+                           "last.pt"), "--episodes", "100", "--seed", str(args.seed),
+                           "--json", "--device", "cpu"], cwd=ROOT, check=True,
+                          capture_output=True, text=True)
+    ours_eval = json.loads(proc.stdout.strip().splitlines()[-1])["mean_return"]
+    events = _training_returns(run_dir)
+    ours_train = statistics.fmean(events[-100:])
+
+    per_m = 1e6 / args.frames
+    print(f"\n{env_id}, {args.frames:,} frames each, one thread; CPU: {_cpu()}\n")
+    print("| agent | wall (s) | wall per 1M frames (min) | ms per frame | training return, "
+          "last 100 episodes | noise-free greedy, 100 episodes |")
+    print("|---|---|---|---|---|---|")
+    for name, wall, train_ret, eval_ret in (
+        ("ours (configs/minatar.yaml)", ours_wall, ours_train, ours_eval),
+        ("MinAtar examples/dqn.py", ref_wall, ref_train, ref_eval),
+    ):
+        print(f"| {name} | {wall:.0f} | {wall * per_m / 60:.1f} | "
+              f"{1000 * wall / args.frames:.2f} | {train_ret:.2f} | {eval_ret:.2f} |")
+    print(f"\nours is {ref_wall / ours_wall:.1f}x faster per frame")
+    return 0
+
+
+def _training_returns(run_dir: Path) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.value for e in acc.Scalars("charts/episodic_return")]
+
+
+def _cpu() -> str:
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        return "unknown"
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")]
+    return f"{names[0]} ({len(names)} cores)" if names else "unknown"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="mode", required=True)
+    lp = sub.add_parser("learn", help="the five games, noisy against epsilon-greedy")
+    lp.add_argument("--games", default=",".join(GAMES))
+    lp.add_argument("--seeds", default="101-105")
+    lp.add_argument("--jobs", type=int, default=2)
+    lp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for both agents (repeatable)")
+    lp.add_argument("--plot-dir", type=Path)
+    lp.add_argument("--json", type=Path)
+    lp.add_argument("--from-json", type=Path)
+    sp = sub.add_parser("speed", help="one game against MinAtar's examples/dqn.py")
+    sp.add_argument("--reference", required=True, help="path to MinAtar's examples/dqn.py")
+    sp.add_argument("--game", default="breakout", help="MinAtar's name: breakout, asterix, ...")
+    sp.add_argument("--frames", type=int, default=300_000)
+    sp.add_argument("--seed", type=int, default=1)
+    sp.add_argument("--core", type=int, default=0, help="the core both runs are pinned to")
+    args = p.parse_args()
+    return learn(args) if args.mode == "learn" else speed(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
