@@ -1,7 +1,7 @@
 """The one configuration dataclass, and how it is resolved from YAML files and overrides.
 
-Precedence, lowest first: ``configs/default.yaml`` < ``configs/<ENV_ID>.yaml`` (or
-``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids) <
+Precedence, lowest first: ``agent/configs/default.yaml`` < ``agent/configs/<ENV_ID>.yaml`` (or
+``agent/configs/atari.yaml`` for ALE ids, ``agent/configs/minatar.yaml`` for MinAtar ids) <
 ``--config FILE`` < ``--set key=value``.
 Unknown keys, wrong types and invalid values raise :class:`UserError` before
 anything runs.
@@ -26,7 +26,7 @@ from agent.errors import UserError
 
 __all__ = ["CONFIG_DIR", "Config", "field_docs", "load_config", "parse_set"]
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 @dataclass
@@ -380,8 +380,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def env_config_file(env_id: str, config_dir: Path = CONFIG_DIR) -> Path | None:
-    """``configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), else the family's file:
-    ``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids."""
+    """``agent/configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), else the family's file:
+    ``agent/configs/atari.yaml`` for ALE ids, ``agent/configs/minatar.yaml`` for MinAtar ids."""
     bare = env_id.split(":", 1)[-1]
     path = config_dir / f"{bare.replace('/', '_')}.yaml"
     if path.is_file():
@@ -402,10 +402,10 @@ def load_config(
 ) -> Config:
     """Resolve defaults < env file < ``config_file`` < ``overrides`` into a validated Config."""
     values: dict[str, Any] = {}
-    _apply(_read_yaml(config_dir / "default.yaml"), "configs/default.yaml", values)
+    _apply(_read_yaml(config_dir / "default.yaml"), "agent/configs/default.yaml", values)
     env_file = env_config_file(env_id, config_dir)
     if env_file is not None:
-        _apply(_read_yaml(env_file), f"configs/{env_file.name}", values)
+        _apply(_read_yaml(env_file), f"agent/configs/{env_file.name}", values)
     if config_file is not None:
         _apply(_read_yaml(Path(config_file)), str(config_file), values)
     _apply(overrides or {}, "--set", values)

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agent.cli import command
 from agent.errors import UserError
 from agent.sweep.driver import check_address, run_sweep
 from agent.sweep.trials import (
@@ -157,7 +158,7 @@ def _trials_from_args(args: argparse.Namespace) -> tuple[list[Trial], dict[str, 
     from envs import check_env_id
 
     if not args.env:
-        raise UserError("--env is required for a sweep: e.g. python run.py --env CartPole-v1")
+        raise UserError(f"--env is required for a sweep: e.g. {command()} --env CartPole-v1")
     grid = parse_grid(args.grid or [])
     overrides: dict[str, Any] = parse_set(args.set or [])
     for key in ("total_steps", "num_envs", "device"):
@@ -218,7 +219,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if [(t.run_dir, t.config) for t in again] != [(t.run_dir, t.config) for t in trials]:
                 raise UserError(
                     f"{sweep_dir} holds a different sweep than these flags describe: resume it "
-                    f"with python run.py --resume {sweep_dir} alone, or pass another --run-dir"
+                    f"with {command()} --resume {sweep_dir} alone, or pass another --run-dir"
                 )
         _require_ray_if_needed(sweep_dir, trials)
     else:
@@ -244,7 +245,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         manifest = {
             "sweep_id": uuid.uuid4().hex,
             "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": "python run.py " + " ".join(sys.argv[1:]),
+            "command": command() + " " + " ".join(sys.argv[1:]),
             **definition,
             "trials": [t.__dict__ for t in trials],
         }

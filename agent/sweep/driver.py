@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.cli import command
 from agent.errors import UserError
 from agent.sweep.report import format_number, write_summary
 from agent.sweep.trials import DONE, Trial, read_result, trial_state
@@ -255,14 +256,14 @@ def run_sweep(
     if interrupted:
         print(
             f"interrupted: {summary['trials_done']} of {len(trials)} trials finished and kept; "
-            f"run the rest with: python run.py --resume {sweep_dir}",
+            f"run the rest with: {command()} --resume {sweep_dir}",
             file=out,
         )
         return EXIT_TERMINATED if sigterm.received else EXIT_INTERRUPTED
     if summary["trials_failed"]:
         print(
             f"{summary['trials_failed']} trial(s) failed (see summary.md); retry them with: "
-            f"python run.py --resume {sweep_dir}",
+            f"{command()} --resume {sweep_dir}",
             file=out,
         )
         return 1

@@ -1,0 +1,427 @@
+"""Noisy DQN command line (``noisy-dqn``, or ``python run.py`` in a checkout): train,
+evaluate a saved policy, resume an interrupted run.
+
+    python run.py --env CartPole-v1                       train with agent/configs/ defaults
+    python run.py --eval RUN/checkpoints/best.pt          on the checkpoint's env (or --env)
+    python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
+    python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
+    python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep/)
+
+Every user error ends in one line naming the problem and the fix, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+EXIT_FAILED = 1
+EXIT_USER_ERROR = 2
+
+# numpy's OpenBLAS (the CPU acting path and evaluation run numpy matmuls) starts a
+# thread per core for matrices of ~64 rows and up; beside other busy processes (a
+# sweep, parallel seeds) that made small products many times slower (docs/benchmarks.md).
+# One thread, like torch_threads. Set before numpy is first imported (here, lazily);
+# an explicit setting in the environment wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def command() -> str:
+    """How the user started us, for the commands our hints print."""
+    return "noisy-dqn" if Path(sys.argv[0]).name == "noisy-dqn" else "python run.py"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line instead of argparse's usage block.
+        self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=command(),
+        description="Train, evaluate or resume a Noisy-Network DQN agent on a gymnasium env.",
+        epilog="Configuration keys for --set are listed by --list-config and in README.md.",
+    )
+    p.add_argument(
+        "--env", metavar="ENV_ID", help="gymnasium id, e.g. CartPole-v1 or module:Env-v0"
+    )
+    train = p.add_argument_group("training")
+    train.add_argument("--config", metavar="FILE", help="YAML file of config overrides")
+    train.add_argument(
+        "--seed",
+        type=int,
+        help="training: seed of everything (config key seed); --eval: seed of its episodes",
+    )
+    train.add_argument("--total-steps", type=int, metavar="N", help="environment steps to train")
+    train.add_argument("--num-envs", type=int, metavar="N", help="vector sub-environments")
+    train.add_argument("--device", metavar="DEV", help="auto (default), cpu, cuda or cuda:N")
+    train.add_argument("--run-dir", metavar="DIR", help="default runs/<env>__<seed>__<time>")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (YAML value), repeatable: --set lr=3e-4",
+    )
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue RUN_DIR from checkpoints/last.pt"
+    )
+    train.add_argument(
+        "--list-config", action="store_true", help="print every config key with its doc and exit"
+    )
+    sweep = p.add_argument_group(
+        'sweeps (many seeds, hyperparameter grids; on Ray: pip install -e ".[sweep]")'
+    )
+    sweep.add_argument(
+        "--seeds",
+        metavar="SEEDS",
+        help="train these seeds in parallel: a count (10), a range (1-10) or a list (3,5,8); "
+        "--run-dir names the sweep directory, --resume SWEEP_DIR runs what is missing",
+    )
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="cross these values of one config key with the seeds, repeatable: --grid n_step=1,3",
+    )
+    sweep.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="join this Ray cluster (HOST:PORT from `ray start --head`) instead of a local one",
+    )
+    sweep.add_argument(
+        "--retries",
+        type=int,
+        metavar="N",
+        help="retry a crashed or killed trial N times (default 1)",
+    )
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--eval", metavar="CHECKPOINT", help="evaluate a saved policy (a .pt file)")
+    ev.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (default 10)")
+    ev.add_argument(
+        "--noise",
+        choices=["on", "off"],
+        default="off",
+        help="act with the noisy weights or the mean weights (default off)",
+    )
+    ev.add_argument("--video", metavar="DIR", help="record mp4 files here (needs the video extra)")
+    ev.add_argument("--json", action="store_true", help="end with one JSON line of the results")
+    ex = p.add_argument_group('export (onnx needs the export extra: pip install -e ".[export]")')
+    ex.add_argument(
+        "--export",
+        metavar="CHECKPOINT",
+        help="write the noise-free greedy policy of a .pt file as ONNX or torch.export, verified",
+    )
+    ex.add_argument(
+        "--format",
+        choices=["onnx", "torch"],  # agent.export.FORMATS (not imported: it imports torch)
+        help="onnx (default; or from --out's suffix) or torch (torch.export, .pt2)",
+    )
+    ex.add_argument("--out", metavar="FILE", help="default: beside the checkpoint, e.g. best.onnx")
+    return p
+
+
+def list_config() -> int:
+    from agent.config import Config, field_docs
+
+    docs = field_docs()
+    defaults = Config()
+    for name, doc in docs.items():
+        print(f"{name} = {getattr(defaults, name)!r}\n    {doc}")
+    return 0
+
+
+def default_run_dir(env_id: str, seed: int) -> Path:
+    name = env_id.split(":", 1)[-1].replace("/", "_")
+    return Path("runs") / f"{name}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from agent.config import load_config, parse_set
+
+    if not args.env:
+        _user_error(f"--env is required to train: e.g. {command()} --env CartPole-v1")
+    overrides: dict[str, Any] = parse_set(args.set)
+    for flag, key in (
+        ("seed", "seed"),
+        ("total_steps", "total_steps"),
+        ("num_envs", "num_envs"),
+        ("device", "device"),
+    ):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    from envs import check_env_id
+
+    check_env_id(args.env)
+    cfg = load_config(args.env, args.config, overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.env, cfg.seed)
+    if (run_dir / "checkpoints" / "last.pt").exists():
+        _user_error(
+            f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
+            "or pass another --run-dir"
+        )
+    return _run_training(cfg, run_dir, None, progress=not args.no_progress)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from agent.checkpoint import load_checkpoint
+    from agent.config import config_from_dict
+
+    for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
+        if getattr(args, flag) is not None:
+            _user_error(f"--{flag.replace('_', '-')} cannot change a resumed run: drop it")
+    if args.set:
+        _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
+    run_dir = Path(args.resume)
+    data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    if args.env and args.env != data["env_id"]:
+        _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
+    saved = dict(data["config"])
+    if args.total_steps is not None:
+        saved["total_steps"] = args.total_steps
+    if args.device is not None:
+        saved["device"] = args.device
+    cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
+    step = int(data["counters"]["global_step"])
+    if step >= cfg.total_steps:
+        _user_error(
+            f"{run_dir} already ran {step} of its {cfg.total_steps} steps: pass --total-steps "
+            "with a larger number to train on"
+        )
+    print(f"resuming {run_dir} at step {step}")
+    return _run_training(cfg, run_dir, data, progress=not args.no_progress)
+
+
+def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> int:
+    import signal
+
+    from agent.checkpoint import CheckpointWriteError
+    from agent.learner import NonFiniteError
+    from agent.train import train
+
+    try:
+        result = train(cfg, run_dir, checkpoint=checkpoint, progress=progress)
+    except NonFiniteError as e:
+        print(
+            f"error: training diverged ({e}); {run_dir}/checkpoints/last.pt keeps the last good "
+            "state: lower lr or set max_grad_norm",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    except CheckpointWriteError as e:  # a full disk, a quota, a read-only file system
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if result.status == "interrupted":
+        name = signal.Signals(result.stop_signal or signal.SIGINT).name
+        print(
+            f"interrupted ({name}) at step {result.global_step}; saved "
+            f"{run_dir}/checkpoints/last.pt\nresume with: {command()} --resume {run_dir}"
+        )
+        # The shell's convention for a process ended by a signal: 130 for Ctrl-C, 143 for
+        # SIGTERM, so that schedulers and scripts see why it stopped.
+        return 128 + (result.stop_signal or signal.SIGINT)
+    final = result.final_eval_return
+    final_text = "n/a" if final is None else f"{final:.1f}"
+    solved = (
+        f"solved at step {result.solved_step}" if result.solved_step is not None else "not solved"
+    )
+    print(
+        f"{result.status}: {result.global_step} steps in {result.wall_time_s:.1f} s, {solved}, "
+        f"final noise-free return {final_text}\n"
+        f"evaluate with: {command()} --env {cfg.env_id} --eval {run_dir}/checkpoints/last.pt"
+    )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from agent.acting import ActionSelector
+    from agent.evaluate import run_episodes
+    from envs import make_env
+
+    if args.episodes < 1:
+        _user_error(f"--episodes must be >= 1, got {args.episodes}")
+    data, cfg, spec, env_options, q_network = _load_policy(args.eval, args.env, args.device)
+    env_id = spec.env_id
+    device = next(q_network.parameters()).device
+    # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
+    if args.video:
+        from envs.video import video_env
+
+        envs = [video_env(env_id, args.video, **env_options)]
+    else:
+        envs = [make_env(env_id, **env_options) for _ in range(min(args.episodes, 10))]
+    seed = cfg.seed if args.seed is None else args.seed
+    torch.manual_seed(seed)
+    selector = ActionSelector(
+        q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
+    )
+    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
+    for env in envs:
+        env.close()  # with --video, writes the last video
+    print(
+        f"{env_id}: mean return {result.mean:.2f} +/- {result.std:.2f} over {args.episodes} "
+        f"episodes (noise {args.noise}, checkpoint {args.eval})"
+    )
+    if args.video:
+        print(f"videos written to {args.video}")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "env": env_id,
+                    "episodes": args.episodes,
+                    "mean_return": result.mean,
+                    "std_return": result.std,
+                    "min_return": float(result.returns.min()),
+                    "max_return": float(result.returns.max()),
+                    "success_rate": result.success_rate,
+                    "mean_length": float(result.lengths.mean()),
+                    "noise": args.noise,
+                    "checkpoint": str(args.eval),
+                    "trained_steps": int(data["counters"]["global_step"]),
+                }
+            )
+        )
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from agent.export import FORMATS, ExportMismatch, require_format, write_verified
+    from envs import make_env
+
+    checkpoint = Path(args.export)
+    if checkpoint.is_dir():  # a run directory: its last.pt, as load_checkpoint reads it
+        checkpoint = checkpoint / "checkpoints" / "last.pt"
+    suffixes = {suffix: name for name, suffix in FORMATS.items()}
+    fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
+    require_format(fmt)  # a missing extra is reported before anything runs
+    out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
+    data, _, spec, env_options, q_network = _load_policy(checkpoint, args.env, "cpu")
+    env_id = spec.env_id
+    env = make_env(env_id, **env_options)
+    try:
+        result = write_verified(q_network, env, out, fmt, obs_dtype=data["obs_dtype"])
+    except ExportMismatch as e:
+        # Not the user's mistake: the exporter or runtime computes another policy.
+        print(
+            f"error: the exported model does not match {checkpoint}: {e}; nothing written "
+            "(please report this)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    finally:
+        env.close()
+    print(f"wrote {out} ({fmt}), checked against {checkpoint} on {env_id}: {result.summary()}")
+    return 0
+
+
+def _load_policy(
+    path: str | Path, env_id: str | None, device: str | None
+) -> tuple[dict[str, Any], Any, Any, dict[str, Any], Any]:
+    """(checkpoint, its config, the env's spec, the env's options, online network) for
+    ``--eval`` and ``--export``; ``env_id`` None means the checkpoint's own env.
+
+    The training env's options (``env_kwargs`` and ``wrappers``, as keyword arguments of
+    ``make_env``) apply when the env is the training env.
+    One torch thread: these are batch-1 forwards while playing the env.
+    """
+    import torch
+
+    from agent.checkpoint import check_compatible, load_checkpoint
+    from agent.config import config_from_dict
+    from agent.train import build_q_network, resolve_device
+    from envs import inspect_env
+
+    data = load_checkpoint(path)
+    cfg = config_from_dict(dict(data["config"]), str(path))
+    env_id = env_id or data["env_id"]
+    same = env_id == data["env_id"]
+    env_options = {
+        "env_kwargs": cfg.env_kwargs if same else {},
+        "wrappers": cfg.wrappers if same else [],
+    }
+    spec = inspect_env(env_id, **env_options)
+    check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
+    torch.set_num_threads(1)
+    on = resolve_device(device or "auto")
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, on)
+    q_network.load_state_dict(data["q_network"])
+    return data, cfg, spec, env_options, q_network
+
+
+def _user_error(message: str) -> NoReturn:
+    from agent.errors import UserError
+
+    raise UserError(message)
+
+
+def _is_sweep(args: argparse.Namespace) -> bool:
+    """--seeds, --grid, --ray-address or --retries, or --resume of a sweep directory."""
+    if args.seeds is not None or args.grid or args.ray_address is not None:
+        return True
+    if args.retries is not None:
+        return True
+    from agent.sweep import is_sweep_dir
+
+    return bool(args.resume) and is_sweep_dir(args.resume)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from agent.errors import UserError
+
+    try:
+        if args.list_config:
+            return list_config()
+        if args.export:
+            return cmd_export(args)
+        if _is_sweep(args):
+            from agent.sweep import cmd_sweep
+
+            return cmd_sweep(args)
+        if args.resume:
+            return cmd_resume(args)
+        if args.eval:
+            return cmd_eval(args)
+        return cmd_train(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def _import_torch() -> None:
+    """Import torch with the cyclic garbage collector paused, and freeze what it made.
+
+    torch's import creates some 200k objects that live as long as the process; full
+    collections during the import, and every one after it, would walk them all again
+    to find nothing (docs/benchmarks.md has what this saves).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import torch  # noqa: F401
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
+if __name__ == "__main__":
+    if not {"-h", "--help", "--list-config"} & set(sys.argv):
+        _import_torch()
+    code = main()
+    # The process ends here: the collections at interpreter shutdown would walk every
+    # object made since (gymnasium, tensorboard, the run's own) for garbage nobody needs.
+    gc.freeze()
+    sys.exit(code)
