@@ -15,6 +15,7 @@ to their loading and their format version:
     rng, sample_generator, explore_rng, selector    every random stream
     envs                     per sub-env episode number and actions so far (exact resume)
     replay                   the buffer's state dict (optional: ``save_buffer``)
+    wall_time_s              wall seconds of the run so far, every resumed piece included
 
 ``best.pt`` is a policy checkpoint: it is for evaluation, so it never carries the
 replay buffer (gigabytes with Atari) or the optimizer.
@@ -147,6 +148,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"no checkpoint at {path}: give a file written by run.py "
             "(RUN_DIR/checkpoints/last.pt or best.pt)"
         )
+    with path.open("rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+    if not is_zip:
+        raise UserError(
+            f"{path} is not a checkpoint (not a file torch.save wrote): give a file written by "
+            "run.py (RUN_DIR/checkpoints/last.pt or best.pt)"
+        )
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -206,6 +214,7 @@ def training_checkpoint(
     selector: Any,
     episodes: dict[str, Any],
     replay: Any | None,
+    wall_time_s: float = 0.0,
 ) -> dict[str, Any]:
     """A :func:`policy_checkpoint` plus everything an exact resume needs (``last.pt``).
 
@@ -223,6 +232,7 @@ def training_checkpoint(
         "explore_rng": explore_rng.bit_generator.state,  # nested dict of Python ints
         "selector": selector.state_dict(),
         "envs": episodes,
+        "wall_time_s": wall_time_s,
     }
     if replay is not None:
         data["replay"] = replay.state_dict()

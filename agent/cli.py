@@ -26,7 +26,7 @@ EXIT_USER_ERROR = 2
 
 # numpy's OpenBLAS (the CPU acting path and evaluation run numpy matmuls) starts a
 # thread per core for matrices of ~64 rows and up; beside other busy processes (a
-# sweep, parallel seeds) that made small products many times slower (docs/benchmarks.md).
+# sweep, parallel seeds) that made small products many times slower (docs/research/log.md).
 # One thread, like torch_threads. Set before numpy is first imported (here, lazily);
 # an explicit setting in the environment wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=command(),
         description="Train, evaluate or resume a Noisy-Network DQN agent on a gymnasium env.",
-        epilog="Configuration keys for --set are listed by --list-config and in README.md.",
+        epilog="--list-config lists the configuration keys for --set (docs/configuration.md).",
     )
     p.add_argument(
         "--env", metavar="ENV_ID", help="gymnasium id, e.g. CartPole-v1 or module:Env-v0"
@@ -181,7 +181,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             _user_error(f"--{flag.replace('_', '-')} cannot change a resumed run: drop it")
     if args.set:
         _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
-    run_dir = Path(args.resume)
+    run_dir = resume_dir(Path(args.resume))
     data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     if args.env and args.env != data["env_id"]:
         _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
@@ -192,13 +192,40 @@ def cmd_resume(args: argparse.Namespace) -> int:
         saved["device"] = args.device
     cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
     step = int(data["counters"]["global_step"])
-    if step >= cfg.total_steps:
+    ended = _how_it_ended(run_dir, step)
+    if step >= cfg.total_steps or (ended and args.total_steps is None):
         _user_error(
-            f"{run_dir} already ran {step} of its {cfg.total_steps} steps: pass --total-steps "
-            "with a larger number to train on"
+            f"{run_dir} {ended or f'already ran {step} of its {cfg.total_steps} steps'}: "
+            f"extend it with --resume {run_dir} --total-steps N, N above {step}"
         )
     print(f"resuming {run_dir} at step {step}")
     return _run_training(cfg, run_dir, data, progress=not args.no_progress)
+
+
+def resume_dir(path: Path) -> Path:
+    """The run directory that ``--resume`` names: the directory itself or its last.pt."""
+    if path.is_file() or path.suffix == ".pt":
+        if path.name != "last.pt" or path.parent.name != "checkpoints":
+            _user_error(
+                f"--resume continues a run from its checkpoints/last.pt, not {path}: "
+                "give the run directory"
+            )
+        return path.parent.parent
+    return path.parent if path.name == "checkpoints" else path
+
+
+def _how_it_ended(run_dir: Path, step: int) -> str | None:
+    """'finished ...' when result.json says the run ended by itself (not interrupted)."""
+    try:
+        result = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None  # killed before it could write one: resumable
+    if result.get("status") not in ("finished", "solved") or result.get("global_step") != step:
+        return None
+    solved = result.get("solved_step")
+    return (f"finished: solved at step {solved}, stopped early at step {step}"
+            if result["status"] == "solved" and solved is not None
+            else f"finished all its {step} steps")
 
 
 def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> int:
@@ -206,6 +233,7 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
 
     from agent.checkpoint import CheckpointWriteError
     from agent.learner import NonFiniteError
+    from agent.evaluate import format_return
     from agent.train import train
 
     try:
@@ -230,7 +258,7 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
         # SIGTERM, so that schedulers and scripts see why it stopped.
         return 128 + (result.stop_signal or signal.SIGINT)
     final = result.final_eval_return
-    final_text = "n/a" if final is None else f"{final:.1f}"
+    final_text = "n/a" if final is None else format_return(final)
     solved = (
         f"solved at step {result.solved_step}" if result.solved_step is not None else "not solved"
     )
@@ -246,12 +274,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from agent.acting import ActionSelector
-    from agent.evaluate import run_episodes
+    from agent.evaluate import format_return, json_ready, run_episodes
     from envs import make_env
 
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
-    data, cfg, spec, env_options, q_network = _load_policy(args.eval, args.env, args.device)
+    data, cfg, spec, env_options, q_network = load_policy(args.eval, args.env, args.device)
     env_id = spec.env_id
     device = next(q_network.parameters()).device
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
@@ -270,7 +298,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for env in envs:
         env.close()  # with --video, writes the last video
     print(
-        f"{env_id}: mean return {result.mean:.2f} +/- {result.std:.2f} over {args.episodes} "
+        f"{env_id}: mean return {format_return(result.mean)} +/- {format_return(result.std)} "
+        f"over {args.episodes} "
         f"episodes (noise {args.noise}, checkpoint {args.eval})"
     )
     if args.video:
@@ -278,7 +307,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {
+                json_ready({
                     "env": env_id,
                     "episodes": args.episodes,
                     "mean_return": result.mean,
@@ -290,7 +319,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     "noise": args.noise,
                     "checkpoint": str(args.eval),
                     "trained_steps": int(data["counters"]["global_step"]),
-                }
+                })
             )
         )
     return 0
@@ -307,7 +336,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
     require_format(fmt)  # a missing extra is reported before anything runs
     out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
-    data, _, spec, env_options, q_network = _load_policy(checkpoint, args.env, "cpu")
+    data, _, spec, env_options, q_network = load_policy(checkpoint, args.env, "cpu")
     env_id = spec.env_id
     env = make_env(env_id, **env_options)
     try:
@@ -326,7 +355,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_policy(
+def load_policy(
     path: str | Path, env_id: str | None, device: str | None
 ) -> tuple[dict[str, Any], Any, Any, dict[str, Any], Any]:
     """(checkpoint, its config, the env's spec, the env's options, online network) for
@@ -405,7 +434,7 @@ def _import_torch() -> None:
 
     torch's import creates some 200k objects that live as long as the process; full
     collections during the import, and every one after it, would walk them all again
-    to find nothing (docs/benchmarks.md has what this saves).
+    to find nothing (docs/research/log.md has what this saves).
     """
     was_enabled = gc.isenabled()
     gc.disable()

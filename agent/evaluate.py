@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from envs import episode_seed
 
-__all__ = ["EVAL_STREAM", "EvalResult", "run_episodes"]
+__all__ = ["EVAL_STREAM", "EvalResult", "format_return", "json_ready", "run_episodes"]
 
 # Seed stream of evaluation episodes: disjoint from the training envs' (stream 0).
 EVAL_STREAM = 1
@@ -98,3 +100,25 @@ def run_episodes(
             if terminated or truncated:
                 start(i)
     return EvalResult(np.array(returns, dtype=np.float64), np.array(lengths, dtype=np.int64))
+
+
+def format_return(x: float) -> str:
+    """A return for people: three significant digits, never an exponent (0.955, 9.30,
+    487, -200, 1234)."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every float rounded to 12 significant digits, so that JSON reads
+    9.3 rather than 9.299999999999999 (sums of float32 rewards)."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
+

@@ -34,7 +34,7 @@ from agent.checkpoint import (
 from agent.config import Config
 from agent.episodes import Episodes
 from agent.errors import UserError
-from agent.evaluate import run_episodes
+from agent.evaluate import json_ready, run_episodes
 from agent.frame_replay import FrameReplayBuffer
 from agent.learner import Learner, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
@@ -68,6 +68,7 @@ class TrainResult:
     global_step: int
     updates: int
     wall_time_s: float
+    """Wall seconds of the whole run, every resumed piece included."""
     target_return: float | None
     solved_step: int | None
     """Env steps when the confirmed noise-free evaluation first reached target_return."""
@@ -250,7 +251,7 @@ def train(
     if device.type == "cpu":
         torch.set_num_threads(cfg.torch_threads)
         # Adam's moments of parameters whose gradients stay zero (dead ReLUs) decay into
-        # denormal floats, which the CPU computes several times slower (docs/benchmarks.md).
+        # denormal floats, which the CPU computes several times slower (docs/research/log.md).
         # Flushing them to zero changes nothing that matters.
         torch.set_flush_denormal(True)
     seed_everything(cfg.seed)
@@ -258,7 +259,7 @@ def train(
         if device.type == "cpu":
             # numpy's BLAS (the learner's numpy path) gets the same threads as torch: a thread
             # per core made small updates many times slower beside other busy processes
-            # (docs/benchmarks.md). run.py's OPENBLAS_NUM_THREADS misses train() called from
+            # (docs/research/log.md). run.py's OPENBLAS_NUM_THREADS misses train() called from
             # a sweep's worker or a notebook, where numpy was imported first.
             cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
         envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
@@ -309,6 +310,12 @@ def train(
                 f"{cfg.env_id} does not: --set terminal_on_life_loss=false"
             )
 
+        # result.json reports the whole run's wall time, earlier pieces included.
+        wall_before = 0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0))
+
+        def wall_time() -> float:
+            return wall_before + time.perf_counter() - wall_start
+
         # --- checkpoints and evaluation: what they hold is defined in agent/checkpoint.py ---
         def policy() -> dict[str, Any]:
             if not learner.parameters_finite():
@@ -329,6 +336,7 @@ def train(
                 eval_curve=eval_curve,
                 episodes=episodes.state_dict(obs),
                 replay=replay if cfg.save_buffer else None,
+                wall_time_s=wall_time(),
                 **resumable,
             )
             save_checkpoint(ckpt_dir / "last.pt", data)
@@ -354,7 +362,9 @@ def train(
             if counters.best_eval is None or result.mean > counters.best_eval:
                 counters.best_eval = result.mean
                 save_best()
-            if not (cfg.early_stop and target_return is not None and result.mean >= target_return):
+            # A run extended after its early stop trains on: it solved once already.
+            early_stop = cfg.early_stop and counters.solved_step is None
+            if not (early_stop and target_return is not None and result.mean >= target_return):
                 return False
             if not cfg.confirm_episodes:
                 return True
@@ -484,7 +494,7 @@ def train(
             status=status,
             global_step=counters.global_step,
             updates=learner.updates,
-            wall_time_s=time.perf_counter() - wall_start,
+            wall_time_s=wall_time(),
             target_return=target_return,
             solved_step=counters.solved_step,
             best_eval_return=counters.best_eval,
@@ -492,7 +502,7 @@ def train(
             eval_curve=eval_curve,
             stop_signal=stop.received,
         )
-        (run_dir / "result.json").write_text(json.dumps(result.__dict__, indent=2))
+        (run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
         return result
 
 

@@ -110,9 +110,9 @@ def exact_value_of_checkpoint(env_id: str, checkpoint: str | Path) -> tuple[floa
     """(expected return, action per state) of a checkpoint's noise-free greedy policy."""
     from agent.acting import ActionSelector
     from envs import make_env
-    from run import _load_policy
+    from agent.cli import load_policy
 
-    _, _, spec, env_options, q_network = _load_policy(checkpoint, env_id, "cpu")
+    _, _, spec, env_options, q_network = load_policy(checkpoint, env_id, "cpu")
     env = make_env(env_id, **env_options)
     try:
         model = TabularModel(env)

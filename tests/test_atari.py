@@ -366,7 +366,7 @@ def test_atari_smoke_trains_checkpoints_and_evaluates(
     pytest.importorskip("cv2")
     import json
 
-    import run
+    from agent import cli
 
     run_dir = tmp_path / "pong"
     args = [
@@ -377,7 +377,7 @@ def test_atari_smoke_trains_checkpoints_and_evaluates(
         "--set", "confirm_episodes=0", "--set", "log_interval=200",
         "--set", "checkpoint_interval=100000",
     ]  # fmt: skip
-    assert run.main(args) == 0
+    assert cli.main(args) == 0
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "finished" and result["global_step"] == 1200
     assert result["updates"] == (1200 - 1000) // 8 + 1
@@ -387,7 +387,7 @@ def test_atari_smoke_trains_checkpoints_and_evaluates(
     assert data["obs_shape"] == [4, 84, 84] and data["config"]["clip_rewards"]
     capsys.readouterr()
     eval_args = ["--env", "ALE/Pong-v5", "--eval", str(ckpt), "--episodes", "1", "--json"]
-    code = run.main([*eval_args, "--device", "cpu"])
+    code = cli.main([*eval_args, "--device", "cpu"])
     assert code == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["episodes"] == 1 and -21 <= report["mean_return"] <= 21

@@ -384,13 +384,13 @@ def _tiny_run(env_id: str, run_dir: Path) -> Path:
 
 def test_video_records_episodes_of_the_adapted_env(tmp_path: Path) -> None:
     pytest.importorskip("moviepy")
-    import run
+    from agent import cli
 
     env_id = "envs.testing:NoisyDQN/ImageHWC-v0"  # channel-last images, transposed
     checkpoint = _tiny_run(env_id, tmp_path / "run")
     videos = tmp_path / "videos"
     args = ["--env", env_id, "--eval", str(checkpoint), "--episodes", "2", "--video", str(videos)]
-    assert run.main(args) == 0
+    assert cli.main(args) == 0
     assert len(list(videos.glob("*.mp4"))) == 2
 
 
@@ -404,11 +404,11 @@ def test_video_of_an_env_that_cannot_render_here_is_a_user_error(
         pass
     else:
         pytest.skip("pygame is installed: FrozenLake renders")
-    import run
+    from agent import cli
 
     checkpoint = _tiny_run("FrozenLake-v1", tmp_path / "run")
     args = ["--env", "FrozenLake-v1", "--eval", str(checkpoint), "--video", str(tmp_path / "v")]
-    assert run.main(args) == 2
+    assert cli.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith("error: --video cannot render FrozenLake-v1: pygame is not installed")

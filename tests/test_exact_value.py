@@ -87,9 +87,9 @@ def test_a_checkpoint_is_valued_by_its_noise_free_greedy_actions(exact, tmp_path
     checkpoint = train_checkpoint(tmp_path / "run", "FrozenLake-v1", 300)
     value, table = exact.exact_value_of_checkpoint("FrozenLake-v1", checkpoint)
 
-    from run import _load_policy
+    from agent.cli import load_policy
 
-    q_network = _load_policy(checkpoint, "FrozenLake-v1", "cpu")[-1]
+    q_network = load_policy(checkpoint, "FrozenLake-v1", "cpu")[-1]
     from agent.noisy import noise_disabled
 
     with torch.no_grad(), noise_disabled(q_network):

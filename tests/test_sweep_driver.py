@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sweep_helpers import SHORT
 
-import run
+from agent import cli
 from agent.sweep.cli import _trials_from_args
 from agent.sweep.driver import run_sweep
 from agent.sweep.stats import iqm
@@ -37,7 +37,7 @@ def test_sweep_on_local_ray_with_a_failing_grid_point_and_resume(
     argv = ["--env", "CartPole-v1", "--seeds", "2", "--grid", "device=cpu,cuda:99"]
     argv += ["--grid", "sigma0=0.1,0.5", *[a for a in SHORT if a not in ("--device", "cpu")]]
     argv += ["--run-dir", str(sweep_dir), "--no-progress"]
-    assert run.main(argv) == 1  # some trials failed; the others finished
+    assert cli.main(argv) == 1  # some trials failed; the others finished
     out = capsys.readouterr()
     assert "FAILED  device=cuda:99 sigma0=0.1 seed=1" in out.err
 
@@ -75,7 +75,7 @@ def test_sweep_on_local_ray_with_a_failing_grid_point_and_resume(
         for r in summary["trials"]
         if r["state"] == "done"
     }
-    assert run.main(["--resume", str(sweep_dir), "--no-progress"]) == 1
+    assert cli.main(["--resume", str(sweep_dir), "--no-progress"]) == 1
     out = capsys.readouterr()
     assert "4 of 8 trials already finished: not run again" in out.out
     assert out.err.count("FAILED") == 4 and "device=cpu" not in out.err
@@ -95,7 +95,7 @@ def _crash_first_attempt(trial: dict, sweep_dir: str, sweep_id: str) -> dict:
 def test_a_killed_trial_is_retried(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ray = pytest.importorskip("ray")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    args = run.build_parser().parse_args(["--env", "CartPole-v1", "--seeds", "2", *SHORT])
+    args = cli.build_parser().parse_args(["--env", "CartPole-v1", "--seeds", "2", *SHORT])
     trials, definition = _trials_from_args(args)
     manifest = {"sweep_id": "s", **definition, "trials": [t.__dict__ for t in trials]}
     write_manifest(tmp_path, manifest)
@@ -155,7 +155,7 @@ def test_ctrl_c_and_sigterm_keep_finished_trials_and_resume_runs_the_rest(
     assert len(json.loads((sweep_dir / "sweep.json").read_text())["trials"]) == 4
     mtimes = {d: _mtimes(d) for d in done_before}
     # Only the unfinished trials run, continuing from their checkpoints.
-    code = run.main(["--resume", str(sweep_dir), "--no-progress"])
+    code = cli.main(["--resume", str(sweep_dir), "--no-progress"])
     assert code == 0
     for d, m in mtimes.items():
         assert _mtimes(d) == m

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from sweep_helpers import SHORT
 
-import run
+from agent import cli
 from agent.sweep.cli import _trials_from_args
 from agent.sweep.worker import run_trial, unpack
 
 
 def test_remote_trial_ships_its_run_directory(tmp_path: Path) -> None:
     """A worker that does not see the sweep directory trains in a temp dir and returns it."""
-    args = run.build_parser().parse_args(["--env", "CartPole-v1", "--seeds", "1", *SHORT])
+    args = cli.build_parser().parse_args(["--env", "CartPole-v1", "--seeds", "1", *SHORT])
     args.set = [*args.set, "total_steps=600", "eval_interval=300", "checkpoint_interval=300"]
     args.total_steps = None
     (trial,), _ = _trials_from_args(args)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import run
+from agent import cli
 from agent.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from agent.config import Config, load_config
 from agent.train import train
@@ -310,7 +310,7 @@ def test_epsilon_greedy_baseline_trains(tmp_path: Path) -> None:
 @pytest.mark.parametrize("seed", [3, 19])
 def test_cartpole_config_solves(tmp_path: Path, seed: int) -> None:
     # agent/configs/CartPole-v1.yaml as shipped, on two of the seeds it was tuned on (about
-    # 10-20 s each); docs/benchmarks.md reports untuned seeds.
+    # 10-20 s each); docs/research/log.md reports untuned seeds.
     cfg = load_config("CartPole-v1", overrides={"seed": seed, "device": "cpu"})
     result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
     assert result.status == "solved", result.eval_curve
@@ -383,7 +383,7 @@ def test_eval_noise_on_differs_from_noise_off(
                 "--seed",
                 "3",
             ]
-            assert run.main(args) == 0
+            assert cli.main(args) == 0
             out = capsys.readouterr().out.strip().splitlines()[-1]
             reports.setdefault(noise, []).append(json.loads(out)["mean_length"])
     # Noise off is deterministic for a seed; noise changes what the policy does.
@@ -423,7 +423,7 @@ def test_user_errors_end_in_one_line(
     args: list[str], pattern: str, capsys: pytest.CaptureFixture
 ) -> None:
     try:
-        code = run.main(args)
+        code = cli.main(args)
     except SystemExit as e:  # argparse's own errors exit from inside parse_args
         code = e.code
     _one_line_error(code, capsys.readouterr().err, pattern)
@@ -446,7 +446,7 @@ def test_checkpoint_errors(
         ),
     ]
     for args, pattern in cases:
-        _one_line_error(run.main(args), capsys.readouterr().err, pattern)
+        _one_line_error(cli.main(args), capsys.readouterr().err, pattern)
 
 
 def test_run_dir_errors(
@@ -454,15 +454,15 @@ def test_run_dir_errors(
 ) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    code = run.main(["--env", "CartPole-v1", "--run-dir", str(blocker / "run")])
+    code = cli.main(["--env", "CartPole-v1", "--run-dir", str(blocker / "run")])
     _one_line_error(code, capsys.readouterr().err, "cannot write the run directory")
     existing = trained_checkpoint.parent.parent
-    code = run.main(["--env", "CartPole-v1", "--run-dir", str(existing)])
+    code = cli.main(["--env", "CartPole-v1", "--run-dir", str(existing)])
     _one_line_error(code, capsys.readouterr().err, "already holds a run")
-    code = run.main(["--resume", str(existing)])
+    code = cli.main(["--resume", str(existing)])
     _one_line_error(code, capsys.readouterr().err, "--total-steps")
     if not torch.cuda.is_available():
-        code = run.main(
+        code = cli.main(
             ["--env", "CartPole-v1", "--device", "cuda", "--run-dir", str(tmp_path / "c")]
         )
         _one_line_error(code, capsys.readouterr().err, "CUDA is not available")
@@ -497,7 +497,7 @@ def test_divergence_stops_with_a_message_and_keeps_checkpoints_finite(
         "--set",
         "log_interval=100",
     ]
-    code = run.main(args)
+    code = cli.main(args)
     err = capsys.readouterr().err
     assert code == 1 and "diverged" in err
     last = tmp_path / "run" / "checkpoints" / "last.pt"
@@ -718,10 +718,10 @@ def test_cli_imports_torch_with_the_collector_paused_and_restores_it() -> None:
     # torch's ~200k long-lived objects are frozen (no collection walks them again), and
     # the collector's switch is left as it was.
     code = (
-        "import gc, sys, run\n"
+        "import gc, sys\nfrom agent import cli\n"
         "for enabled in (True, False):\n"
         "    (gc.enable if enabled else gc.disable)()\n"
-        "    run._import_torch()\n"
+        "    cli._import_torch()\n"
         "    frozen = gc.get_freeze_count() > 10_000\n"
         "    print(gc.isenabled() == enabled, frozen, 'torch' in sys.modules)\n"
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import run
+from agent import cli
 from conftest import train_checkpoint
 from envs import episode_seed, make_env
 
@@ -55,7 +55,7 @@ def _eval_with_video(
 ) -> tuple[dict, list[Path]]:
     args = ["--env", env_id, "--eval", str(checkpoint), "--episodes", str(episodes)]
     args += ["--video", str(video_dir), "--json", "--device", "cpu", "--seed", "5"]
-    assert run.main(args) == 0, capsys.readouterr().err
+    assert cli.main(args) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     return report, sorted(video_dir.glob("*.mp4"))
 
@@ -128,7 +128,7 @@ def test_missing_renderer_is_one_line_naming_the_video_extra(
     # A fresh install without pygame: `import pygame` fails inside gymnasium's render().
     monkeypatch.setitem(sys.modules, "pygame", None)
     video_dir = tmp_path / "videos"
-    code = run.main(["--env", "CartPole-v1", "--eval", str(checkpoint), "--video", str(video_dir)])
+    code = cli.main(["--env", "CartPole-v1", "--eval", str(checkpoint), "--video", str(video_dir)])
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()
@@ -145,7 +145,7 @@ def test_missing_moviepy_is_one_line_naming_the_video_extra(
 ) -> None:
     checkpoint = cartpole_checkpoint
     monkeypatch.setitem(sys.modules, "moviepy", None)
-    code = run.main(
+    code = cli.main(
         ["--env", "CartPole-v1", "--eval", str(checkpoint), "--video", str(tmp_path / "v")]
     )
     lines = capsys.readouterr().err.strip().splitlines()
@@ -160,7 +160,7 @@ def test_unwritable_video_directory_is_one_line(
     checkpoint = cartpole_checkpoint
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    code = run.main(
+    code = cli.main(
         ["--env", "CartPole-v1", "--eval", str(checkpoint), "--video", str(not_a_dir / "v")]
     )
     lines = capsys.readouterr().err.strip().splitlines()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
-import run
+from agent import cli
 from agent.config import load_config, parse_set
 from agent.errors import UserError
 from agent.train import train
@@ -81,7 +81,7 @@ def test_training_evaluation_and_video_envs_all_get_them(
     # Periodic evaluations ran on wrapped envs: every step pays 10.
     assert all(value % 10 == 0 and value >= 10 for _, value in result.eval_curve)
     last = tmp_path / "run" / "checkpoints" / "last.pt"
-    assert run.main(["--eval", str(last), "--episodes", "2", "--json", "--device", "cpu"]) == 0
+    assert cli.main(["--eval", str(last), "--episodes", "2", "--json", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["mean_return"] == 10 * report["mean_length"]
 
@@ -108,6 +108,6 @@ def test_a_bad_wrapper_is_a_user_error_naming_it(wrapper: object, message: str) 
 def test_a_bad_wrapper_on_the_command_line_ends_in_one_line(
     capsys: pytest.CaptureFixture,
 ) -> None:
-    code = run.main(["--env", "CartPole-v1", "--set", "wrappers=[nope.nothing:Here]"])
+    code = cli.main(["--env", "CartPole-v1", "--set", "wrappers=[nope.nothing:Here]"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cannot import 'nope" in err

@@ -1,0 +1,164 @@
+"""The command line a newcomer meets: resume by run directory or last.pt, extending a finished
+run, errors that name their fix, returns printed and written readably."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent import cli
+from agent.evaluate import format_return, json_ready
+
+# Cue-v0 pays 1 per matching action over 5 steps (threshold 4.5): solved within a few
+# thousand steps, so early stop happens well before total_steps.
+CUE = "envs.testing:NoisyDQN/Cue-v0"
+CUE_SETTINGS = {
+    "learning_starts": 200,
+    "train_freq": 2,
+    "buffer_size": 5_000,
+    "eval_interval": 250,
+    "eval_episodes": 10,
+    "confirm_episodes": 20,
+    "early_stop": True,
+    "target_update_interval": 100,
+    "n_step": 1,
+    "gamma": 0.5,
+    "log_interval": 500,
+    "checkpoint_interval": 1_000,
+}
+
+
+def _train(run_dir: Path, total_steps: int, **overrides: object) -> int:
+    sets = [a for k, v in {**CUE_SETTINGS, **overrides}.items() for a in ("--set", f"{k}={v}")]
+    return cli.main(["--env", CUE, "--total-steps", str(total_steps), "--run-dir", str(run_dir),
+                     "--no-progress", "--device", "cpu", *sets])
+
+
+def _result(run_dir: Path) -> dict:
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def _one_line_error(code: int, err: str) -> str:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_resume_takes_the_run_directory_or_its_last_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 1_000, early_stop="false") == 0
+    last = run_dir / "checkpoints" / "last.pt"
+    assert cli.main(["--resume", str(last), "--total-steps", "1500", "--no-progress"]) == 0
+    assert _result(run_dir)["global_step"] == 1_500
+    assert cli.main(["--resume", str(last.parent), "--total-steps", "2000",
+                     "--no-progress"]) == 0
+    assert _result(run_dir)["global_step"] == 2_000
+    capsys.readouterr()
+    # best.pt holds no replay or optimizer: a resume names the directory to give instead.
+    code = cli.main(["--resume", str(run_dir / "checkpoints" / "best.pt")])
+    assert "give the run directory" in _one_line_error(code, capsys.readouterr().err)
+
+
+def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 20_000) == 0
+    first = _result(run_dir)
+    assert first["status"] == "solved" and first["global_step"] < 20_000
+    capsys.readouterr()
+
+    # Resuming it as it is would train on past its early stop: refused, with the fix.
+    line = _one_line_error(cli.main(["--resume", str(run_dir)]), capsys.readouterr().err)
+    assert f"solved at step {first['solved_step']}" in line
+    assert f"--total-steps N, N above {first['global_step']}" in line
+    code = cli.main(["--resume", str(run_dir), "--total-steps", str(first["global_step"])])
+    assert "--total-steps" in _one_line_error(code, capsys.readouterr().err)
+
+    # Extended, it trains to the new end; result.json describes the whole run.
+    end = first["global_step"] + 1_000
+    assert cli.main(["--resume", str(run_dir), "--total-steps", str(end), "--no-progress"]) == 0
+    whole = _result(run_dir)
+    assert whole["global_step"] == end
+    assert whole["solved_step"] == first["solved_step"]
+    assert whole["wall_time_s"] > first["wall_time_s"]
+    assert whole["eval_curve"][: len(first["eval_curve"])] == first["eval_curve"]
+    assert len(whole["eval_curve"]) > len(first["eval_curve"])
+
+    # Finished all of its steps: the same refusal, with the step count.
+    line = _one_line_error(cli.main(["--resume", str(run_dir)]), capsys.readouterr().err)
+    assert f"finished all its {end} steps" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "fix"),
+    [
+        (["--total-steps", "100"], "--set learning_starts=N"),
+        (["--set", "lr=-1"], "--set lr="),
+        (["--set", "gamma=1.5"], "--set gamma="),
+        (["--set", "batch_size=64", "--set", "buffer_size=10"], "--set batch_size=N"),
+        (["--set", "learning_starts=10", "--set", "batch_size=32"], "--set learning_starts=32"),
+        (["--set", "noise_interval=0"], "--set noise_interval="),
+        (["--set", "exploration=noisy", "--set", "noisy_layers=none"], "--set noisy_layers="),
+        (["--set", "hidden_sizes=[]"], "--set hidden_sizes="),
+        (["--set", "eval_episodes=0"], "--set eval_episodes="),
+    ],
+)
+def test_config_errors_name_the_set_that_fixes_them(
+    args: list[str], fix: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    code = cli.main(["--env", "CartPole-v1", "--run-dir", str(tmp_path / "r"), *args])
+    line = _one_line_error(code, capsys.readouterr().err)
+    assert fix in line
+
+
+def test_a_file_that_torch_did_not_write_is_not_a_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    text = tmp_path / "README.md"
+    text.write_text("# a text file\n")
+    for args in (["--eval", str(text)], ["--export", str(text)]):
+        line = _one_line_error(cli.main(args), capsys.readouterr().err)
+        assert "is not a checkpoint" in line
+
+
+def test_eval_finds_the_env_in_the_checkpoint_and_writes_clean_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 600, early_stop="false") == 0
+    capsys.readouterr()
+    last = run_dir / "checkpoints" / "last.pt"
+    assert cli.main(["--eval", str(last), "--episodes", "3", "--json", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(out[-1])
+    assert report["env"] == CUE
+    # No float in the JSON has more digits than it means (no 9.299999999999999).
+    for number in re.findall(r"-?\d+\.\d+", out[-1]):
+        assert len(number.lstrip("-").replace(".", "").lstrip("0")) <= 12, number
+    assert format_return(report["mean_return"]) in out[0]
+
+
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [(0.955, "0.955"), (9.3, "9.30"), (487.25, "487"), (-200.0, "-200"), (1234.5, "1234"),
+     (0.0123, "0.0123"), (0.0, "0"), (7.949, "7.95")],
+)
+def test_returns_print_with_three_significant_digits(x: float, text: str) -> None:
+    assert format_return(x) == text
+
+
+def test_json_floats_read_as_the_numbers_they_are() -> None:
+    mean = float(torch.tensor([9.0, 9.5, 9.4], dtype=torch.float64).mean())
+    assert mean != 9.3  # a mean of returns carries binary noise
+    cleaned = json_ready({"mean": mean, "curve": [(1000, 0.1 + 0.2)], "steps": 3})
+    assert json.dumps(cleaned) == '{"mean": 9.3, "curve": [[1000, 0.3]], "steps": 3}'
+    assert math.isclose(json_ready(1 / 3), 1 / 3, rel_tol=1e-11)
