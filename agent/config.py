@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import itertools
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,14 +25,15 @@ import yaml
 
 from agent.errors import UserError
 
-__all__ = ["CONFIG_DIR", "Config", "field_docs", "load_config", "parse_set"]
+__all__ = ["CONFIG_DIR", "Config", "config_reference", "field_docs", "load_config", "parse_set"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 @dataclass
 class Config:
-    """Every hyperparameter and switch of a run. Field docs are the reference (README)."""
+    """Every hyperparameter and switch of a run. Field docs are the reference
+    (docs/configuration.md is generated from them)."""
 
     # --- run ---
     env_id: str = "CartPole-v1"
@@ -73,7 +75,7 @@ class Config:
     update_noise: float = 1.0
     """Scale of the noise that updates run both networks with, relative to the acting noise:
     1 as in the NoisyNet paper; 0: updates on the mean weights (the noise is for acting
-    only and the sigmas keep their initial values). README, *Which exploration to use*."""
+    only and the sigmas keep their initial values). See docs/exploration.md."""
 
     # --- exploration ---
     exploration: Literal["noisy", "epsilon"] = "noisy"
@@ -88,7 +90,7 @@ class Config:
     random_starts, on top of the noise. A floor for states where the noise has stopped
     changing the action: an action whose estimate has drifted below the truth is retried.
     The n-step returns before a random action end there (replay's ``explored``). 0: the
-    noise alone, as in the NoisyNet paper. README, *Which exploration to use*."""
+    noise alone, as in the NoisyNet paper. See docs/exploration.md."""
     epsilon_start: float = 1.0
     """Epsilon-greedy only: initial probability of a random action."""
     epsilon_end: float = 0.05
@@ -164,97 +166,135 @@ class Config:
     misbehaves)."""
 
     def validate(self) -> Config:
-        """Raise :class:`UserError` on the first invalid value; return self."""
+        """Raise :class:`UserError` on the first invalid value, naming the ``--set`` that
+        fixes it; return self."""
 
-        def need(ok: bool, what: str) -> None:
+        def need(ok: bool, what: str, fix: str) -> None:
             if not ok:
-                raise UserError(f"invalid config: {what}")
+                raise UserError(f"invalid config: {what}: {fix}")
+
+        def default(name: str) -> str:
+            value = getattr(Config(), name)
+            text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+            return f"--set {name}={text}"
+
+        def at_least(name: str, low: float) -> None:
+            value = getattr(self, name)
+            need(value >= low, f"{name} must be >= {low}, got {value}", default(name))
+
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            need(value > 0, f"{name} must be > 0, got {value}", default(name))
 
         need(
             "render_mode" not in self.env_kwargs,
-            "env_kwargs cannot set render_mode (--video chooses it): remove it from env_kwargs",
+            "env_kwargs cannot set render_mode (--video chooses it)",
+            "remove it from env_kwargs",
         )
-        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
-        need(self.total_steps > 0, f"total_steps must be > 0, got {self.total_steps}")
-        need(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
-        need(self.torch_threads >= 1, f"torch_threads must be >= 1, got {self.torch_threads}")
+        at_least("seed", 0)
+        positive("total_steps")
+        at_least("num_envs", 1)
+        at_least("torch_threads", 1)
         need(
             self.device == "auto" or self.device == "cpu" or self.device.split(":")[0] == "cuda",
             f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",
+            "--set device=auto",
         )
         need(
             len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes),
             f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}",
+            "e.g. --set hidden_sizes=[128,128]",
         )
-        need(self.sigma0 >= 0, f"sigma0 must be >= 0, got {self.sigma0}")
-        need(self.update_noise >= 0, f"update_noise must be >= 0, got {self.update_noise}")
+        at_least("sigma0", 0)
+        at_least("update_noise", 0)
         need(
             self.noise_interval == "episode" or self.noise_interval >= 1,
             f"noise_interval must be >= 1 or episode, got {self.noise_interval}",
+            default("noise_interval"),
         )
         for name in ("noisy_epsilon", "epsilon_start", "epsilon_end"):
             value = getattr(self, name)
-            need(0 <= value <= 1, f"{name} must be in [0, 1], got {value}")
+            need(0 <= value <= 1, f"{name} must be in [0, 1], got {value}", default(name))
         need(
             0 < self.epsilon_fraction <= 1,
             f"epsilon_fraction must be in (0, 1], got {self.epsilon_fraction}",
+            default("epsilon_fraction"),
         )
         need(
             not (self.exploration == "noisy" and self.noisy_layers == "none"),
-            "exploration=noisy needs noisy layers: set noisy_layers to all or last, "
-            "or exploration=epsilon",
+            "exploration=noisy needs noisy layers",
+            "--set noisy_layers=all (or last), or --set exploration=epsilon",
         )
-        need(self.buffer_size >= 1, f"buffer_size must be >= 1, got {self.buffer_size}")
-        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        at_least("buffer_size", 1)
+        at_least("batch_size", 1)
         need(
             self.batch_size <= self.buffer_size,
             f"batch_size ({self.batch_size}) is larger than buffer_size ({self.buffer_size})",
+            f"--set batch_size=N with N <= {self.buffer_size}",
         )
         need(
             0 <= self.learning_starts <= self.total_steps,
             f"learning_starts ({self.learning_starts}) must be in [0, total_steps "
             f"({self.total_steps})]",
+            f"--set learning_starts=N with {min(self.batch_size, self.total_steps)} <= N <= "
+            f"{self.total_steps}, or a larger --total-steps",
         )
         need(
             self.learning_starts >= self.batch_size,
             f"learning_starts ({self.learning_starts}) must be >= batch_size ({self.batch_size})",
+            f"--set learning_starts={self.batch_size}",
         )
-        need(self.random_starts >= 0, f"random_starts must be >= 0, got {self.random_starts}")
-        need(self.train_freq >= 1, f"train_freq must be >= 1, got {self.train_freq}")
-        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        need(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}")
-        need(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}")
-        need(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}")
-        need(self.huber_delta > 0, f"huber_delta must be > 0, got {self.huber_delta}")
+        at_least("random_starts", 0)
+        at_least("train_freq", 1)
+        positive("lr")
+        positive("adam_eps")
+        need(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}", default("gamma"))
+        at_least("n_step", 1)
+        positive("huber_delta")
         need(
             self.max_grad_norm is None or self.max_grad_norm > 0,
             f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}",
+            "--set max_grad_norm=10 (or null)",
         )
-        need(
-            self.target_update_interval >= 1,
-            f"target_update_interval must be >= 1, got {self.target_update_interval}",
-        )
-        need(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}")
-        need(self.eval_interval >= 0, f"eval_interval must be >= 0, got {self.eval_interval}")
-        need(self.eval_episodes >= 1, f"eval_episodes must be >= 1, got {self.eval_episodes}")
-        need(
-            self.confirm_episodes >= 0,
-            f"confirm_episodes must be >= 0, got {self.confirm_episodes}",
-        )
-        need(self.confirm_z >= 0, f"confirm_z must be >= 0, got {self.confirm_z}")
-        need(self.log_interval >= 1, f"log_interval must be >= 1, got {self.log_interval}")
-        need(
-            self.checkpoint_interval >= 1,
-            f"checkpoint_interval must be >= 1, got {self.checkpoint_interval}",
-        )
+        at_least("target_update_interval", 1)
+        need(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}", default("tau"))
+        at_least("eval_interval", 0)
+        at_least("eval_episodes", 1)
+        at_least("confirm_episodes", 0)
+        at_least("confirm_z", 0)
+        at_least("log_interval", 1)
+        at_least("checkpoint_interval", 1)
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+def config_reference() -> str:
+    """Markdown tables of every key, its default and its doc, one per section of
+    :class:`Config`: the documentation's configuration reference, generated so that it
+    cannot drift from the code."""
+    docs = field_docs()
+    defaults = Config().to_dict()
+    out: list[str] = []
+    for line in inspect.getsource(Config).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# ---"):
+            out += ["", f"### {stripped.strip('# -').capitalize()}", "",
+                    "| key | default | meaning |", "| --- | --- | --- |"]
+        elif (name := stripped.split(":", 1)[0]) in docs and line.startswith("    ") and (
+            not line.startswith("     ")
+        ):
+            value = defaults[name]
+            value = value if isinstance(value, str) else json.dumps(value)
+            doc = " ".join(docs.pop(name).split()).replace("|", "\\|")
+            out.append(f"| `{name}` | `{value}` | {doc} |")
+    return "\n".join(out).strip() + "\n"
+
+
 def field_docs() -> dict[str, str]:
-    """The docstring under each field of :class:`Config`, for ``--help`` and the README."""
+    """The docstring under each field of :class:`Config`, for ``--list-config`` and the
+    documentation's configuration reference."""
     tree = ast.parse(inspect.getsource(Config))
     docs: dict[str, str] = {}
     body = tree.body[0].body  # type: ignore[attr-defined]

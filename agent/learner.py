@@ -70,7 +70,7 @@ class Learner:
     PyTorch's autograd otherwise (CUDA, convolutions); ``"torch"`` or ``"numpy"``
     force one (``"numpy"`` raises ``ValueError`` where it does not apply). Both
     compute the same update, up to float rounding; the numpy one is several times
-    cheaper on small networks (docs/benchmarks.md). :attr:`backend` says which runs.
+    cheaper on small networks (docs/research/log.md). :attr:`backend` says which runs.
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
     """

@@ -8,7 +8,7 @@ noise). The layer computes
 with eps_W = f(eps_out) f(eps_in)^T (an outer product, so rank 1), eps_b =
 f(eps_out), eps ~ N(0, 1) and f(x) = sgn(x) sqrt(|x|).
 
-Device rules (see DESIGN.md): noise is drawn on the device and in the dtype of
+Device rules (see docs/design.md): noise is drawn on the device and in the dtype of
 ``weight_sigma`` and written *in place* into registered buffers, so that the
 buffers keep their addresses. A captured CUDA graph reads those addresses; a
 reassigned buffer would silently freeze the noise inside the graph.

@@ -2,7 +2,7 @@
 
 On a CPU, a DQN update of a small network costs mostly PyTorch's fixed cost per op
 and the autograd engine's per-node bookkeeping, not arithmetic (``bench/learner.py``;
-figures in docs/benchmarks.md). :class:`NumpyGrad` compiles a module's ``forward``
+figures in docs/research/log.md). :class:`NumpyGrad` compiles a module's ``forward``
 once (traced with ``torch.fx``, the same tracer as the acting path's
 :class:`~agent.acting.numpy_forward.NumpyForward`, and its ops but the functional
 ``leaky_relu`` and ``elu``, which are left to autograd) into a numpy program that keeps

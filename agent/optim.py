@@ -3,7 +3,7 @@
 The update is ``torch.optim.Adam``'s (no weight decay, no amsgrad), computed by the
 same fused kernel that ``torch.optim.Adam(fused=True)`` calls. What differs is the
 cost around it, which is what a tiny network on a CPU pays for (``bench/learner.py``
-measures it; the figures are in docs/benchmarks.md):
+measures it; the figures are in docs/research/log.md):
 
 * ``torch.optim.Adam.step`` runs a long Python prologue before its kernel on every
   call, and its first call imports ``torch._dynamo`` (seconds of every run's start-up);

@@ -31,7 +31,7 @@ memory and host-to-device traffic 4x smaller than float32. Float observations ar
 stored and returned in ``float_dtype`` (float32 by default, float64 for a float64
 network), as are rewards, dones and discounts; actions are int64.
 
-Assumed use (see DESIGN.md): one ``add`` per step of a gymnasium vector env whose
+Assumed use (see docs/design.md): one ``add`` per step of a gymnasium vector env whose
 every step is real and whose ``next_obs`` is the true final observation at an
 episode end: ``AutoresetMode.DISABLED`` (what ``agent/train.py`` uses) or
 ``SAME_STEP`` with ``final_obs`` substituted, never raw ``NEXT_STEP`` output.

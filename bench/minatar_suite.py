@@ -3,7 +3,7 @@ against MinAtar's own DQN.
 
 Learning (the five games, ``-v0``: the paper's full action set)::
 
-    python bench/minatar_suite.py learn --seeds 101-105 --jobs 2 --plot-dir docs/results/minatar \\
+    python bench/minatar_suite.py learn --seeds 101-105 --jobs 2 --plot-dir docs/img/minatar \\
         --json minatar.json
 
 For every game and seed, ``python run.py --env MinAtar/GAME-v0 --seed S`` (the shipped

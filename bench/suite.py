@@ -1,6 +1,6 @@
 """Classic control: our default command, its epsilon-greedy ablation and SB3, in one run.
 
-    python bench/suite.py --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/
+    python bench/suite.py --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/img/
 
 For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (the default ``--envs``), or any
 other registered gymnasium id with discrete actions given to ``--envs`` (issue 12's

@@ -9,8 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.config import CONFIG_DIR, Config, config_from_dict, field_docs, load_config, parse_set
+from agent.config import (
+    CONFIG_DIR,
+    Config,
+    config_from_dict,
+    config_reference,
+    field_docs,
+    load_config,
+    parse_set,
+)
 from agent.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _write(path: Path, data: dict) -> Path:
@@ -149,10 +159,12 @@ def test_shipped_config_files_load(path: Path) -> None:
     load_config(env_id, path)
 
 
-def test_readme_documents_every_config_key() -> None:
-    readme = (CONFIG_DIR.parent / "README.md").read_text()
-    missing = [f.name for f in dataclasses.fields(Config) if f"| `{f.name}` |" not in readme]
-    assert missing == [], f"README's configuration table lacks {missing}"
+def test_the_configuration_reference_has_every_key_once_in_a_page_that_includes_it() -> None:
+    reference = config_reference()
+    rows = re.findall(r"^\| `(\w+)` \|", reference, flags=re.MULTILINE)
+    assert sorted(rows) == sorted(f.name for f in dataclasses.fields(Config))
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert "<!-- config-reference -->" in page  # replaced by the reference when the site builds
 
 
 def test_env_kwargs_is_a_checked_mapping(config_dir: Path) -> None:
@@ -173,12 +185,11 @@ def test_env_kwargs_is_a_checked_mapping(config_dir: Path) -> None:
     assert config_from_dict(saved, "config.yaml").env_kwargs == {"goal_velocity": 0.02}
 
 
-def test_defaults_agree_in_the_dataclass_default_yaml_and_readme() -> None:
-    # Three places state each default: a change to one that misses another would make
-    # `Config()`, an env without a YAML and the user's manual disagree.
+def test_defaults_agree_in_the_dataclass_default_yaml_and_the_reference() -> None:
+    # A change to the dataclass that misses default.yaml would make `Config()` and an env
+    # without a YAML disagree; the reference is generated from the dataclass.
     shipped = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())
-    readme = (CONFIG_DIR.parent / "README.md").read_text()
-    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", readme, flags=re.MULTILINE))
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", config_reference(), flags=re.MULTILINE))
     defaults = Config().to_dict()
     del defaults["env_id"]  # the one key default.yaml leaves to --env
     disagree = [
@@ -186,4 +197,4 @@ def test_defaults_agree_in_the_dataclass_default_yaml_and_readme() -> None:
         for key, value in defaults.items()
         if not value == shipped[key] == yaml.safe_load(rows[key])
     ]
-    assert disagree == [], f"(key, dataclass, default.yaml, README): {disagree}"
+    assert disagree == [], f"(key, dataclass, default.yaml, reference): {disagree}"

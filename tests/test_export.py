@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import envs.testing  # noqa: F401  (registers NoisyDQN/Frames-v0: uint8 frames, Nature CNN)
-import run
+from agent import cli
 from agent.checkpoint import FORMAT, load_checkpoint
 from agent.config import config_from_dict
 from agent.export import (
@@ -143,7 +143,7 @@ def test_export_acts_like_the_checkpoint(
         _onnx()
     env_id = NETWORKS[name][0]
     out = tmp_path / "deploy" / f"policy.{'onnx' if fmt == 'onnx' else 'pt2'}"
-    assert run.main(["--export", str(checkpoints[name]), "--format", fmt, "--out", str(out)]) == 0
+    assert cli.main(["--export", str(checkpoints[name]), "--format", fmt, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert re.search(r"actions equal on \d+ of 2048 observations", printed), printed
     # One self-contained file (no ONNX external-data file beside it, no temporary left).
@@ -195,9 +195,9 @@ def test_default_output_is_beside_the_checkpoint_and_format_follows_out(
 ) -> None:
     checkpoint = tmp_path / "best.pt"
     checkpoint.write_bytes(checkpoints["mlp"].read_bytes())
-    assert run.main(["--export", str(checkpoint), "--format", "torch"]) == 0
+    assert cli.main(["--export", str(checkpoint), "--format", "torch"]) == 0
     assert (tmp_path / "best.pt2").is_file()
-    assert run.main(["--export", str(checkpoint), "--out", str(tmp_path / "x.pt2")]) == 0
+    assert cli.main(["--export", str(checkpoint), "--out", str(tmp_path / "x.pt2")]) == 0
     torch.export.load(str(tmp_path / "x.pt2"))  # a torch.export program, from the suffix
     capsys.readouterr()
 
@@ -262,7 +262,7 @@ def test_a_wrong_export_is_exit_1_and_writes_nothing(
 
     monkeypatch.setattr(agent.export, "fold_noise", fold_with_noise)
     out = tmp_path / "policy.pt2"
-    code = run.main(["--export", str(checkpoints["mlp"]), "--format", "torch", "--out", str(out)])
+    code = cli.main(["--export", str(checkpoints["mlp"]), "--format", "torch", "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "does not match" in err[0], err
     assert list(tmp_path.iterdir()) == []  # neither the file nor a temporary
@@ -296,7 +296,7 @@ def test_bad_input_is_one_line(
     ]
     for args, pattern in cases:
         try:
-            code = run.main([*args, "--format", "torch"] if "--format" not in args else args)
+            code = cli.main([*args, "--format", "torch"] if "--format" not in args else args)
         except SystemExit as e:  # argparse's own errors exit from inside parse_args
             code = e.code
         _one_line_error(code, capsys.readouterr().err, pattern)
@@ -308,27 +308,27 @@ def test_missing_export_extra_is_one_line_but_torch_export_needs_none(
 ) -> None:
     # A fresh install without the extra: importing onnxruntime fails.
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    code = run.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / "p.onnx")])
+    code = cli.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / "p.onnx")])
     _one_line_error(code, capsys.readouterr().err, 'pip install -e ".[export]"')
-    assert run.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / "p.pt2")]) == 0
+    assert cli.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / "p.pt2")]) == 0
     capsys.readouterr()
 
 
 # --------------------------------------------------------------------------- #
-# The README's deployment program                                             #
+# The docs' deployment program                                               #
 # --------------------------------------------------------------------------- #
 
 
-def test_readme_onnxruntime_program_plays_cartpole(
+def test_the_documented_onnxruntime_program_plays_cartpole(
     checkpoints: dict[str, Path], tmp_path: Path, capsys
 ) -> None:
     _onnx()
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Deploy a policy", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "evaluation.md").read_text()
+    section = page.split("## Deploy a policy", 1)[1].split("\n## ", 1)[0]
     program = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     filename = re.search(r'InferenceSession\("([^"]+)"\)', program).group(1)
     assert len(program.strip().splitlines()) <= 12
-    assert run.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / filename)]) == 0
+    assert cli.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / filename)]) == 0
     capsys.readouterr()
     blocked = (
         "import sys\nsys.modules['agent'] = sys.modules['envs'] = sys.modules['torch'] = None\n"

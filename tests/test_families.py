@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import run
+from agent import cli
 from agent.checkpoint import load_checkpoint
 from agent.config import load_config
 from agent.errors import UserError
@@ -175,16 +175,16 @@ def test_minatar_checkpoint_evaluates_exports_and_records(
     run_dir = _train(tmp_path, "MinAtar/Breakout-v1")
     last = run_dir / "checkpoints" / "last.pt"
     # No --env: the checkpoint's own env.
-    assert run.main(["--eval", str(last), "--episodes", "3", "--json", "--device", "cpu"]) == 0
+    assert cli.main(["--eval", str(last), "--episodes", "3", "--json", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["env"] == "MinAtar/Breakout-v1" and report["episodes"] == 3
     assert 0.0 <= report["success_rate"] <= 1.0
-    assert run.main(["--export", str(last), "--format", "torch"]) == 0
+    assert cli.main(["--export", str(last), "--format", "torch"]) == 0
     assert last.with_suffix(".pt2").is_file()
     pytest.importorskip("moviepy")
     video_dir = tmp_path / "videos"
     args = ["--eval", str(last), "--episodes", "1", "--video", str(video_dir), "--device", "cpu"]
-    assert run.main(args) == 0
+    assert cli.main(args) == 0
     assert len(list(video_dir.glob("*.mp4"))) == 1
 
 
@@ -251,7 +251,7 @@ def test_minigrid_trains_and_reports_a_success_rate(
     run_dir = _train(tmp_path, "MiniGrid-Empty-5x5-v0")
     assert json.loads((run_dir / "result.json").read_text())["updates"] > 0
     last = run_dir / "checkpoints" / "last.pt"
-    assert run.main(["--eval", str(last), "--episodes", "4", "--json", "--device", "cpu"]) == 0
+    assert cli.main(["--eval", str(last), "--episodes", "4", "--json", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["env"] == "MiniGrid-Empty-5x5-v0"
     assert 0.0 <= report["success_rate"] <= 1.0

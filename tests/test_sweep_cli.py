@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sweep_helpers import fake_sweep
 
-import run
+from agent import cli
 from agent.errors import UserError
 from agent.sweep.cli import parse_grid, parse_seeds
 
@@ -88,7 +88,7 @@ def test_cli_errors_are_one_line_exit_2(
     argv: list[str], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sweep_dir = tmp_path / "sweep"
-    code = run.main(["--env", "CartPole-v1", *argv, "--run-dir", str(sweep_dir)])
+    code = cli.main(["--env", "CartPole-v1", *argv, "--run-dir", str(sweep_dir)])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1, err
@@ -103,7 +103,7 @@ def test_cli_without_ray_says_how_to_install(
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
     )
-    code = run.main(["--env", "CartPole-v1", "--seeds", "3", "--run-dir", str(tmp_path / "s")])
+    code = cli.main(["--env", "CartPole-v1", "--seeds", "3", "--run-dir", str(tmp_path / "s")])
     err = capsys.readouterr().err
     assert code == 2 and err == 'error: sweeps need Ray: pip install -e ".[sweep]"\n'
 
@@ -111,12 +111,12 @@ def test_cli_without_ray_says_how_to_install(
 def test_cli_resume_checks_the_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run.main(["--resume", str(tmp_path), "--seeds", "2"]) == 2
+    assert cli.main(["--resume", str(tmp_path), "--seeds", "2"]) == 2
     assert "is not a sweep directory" in capsys.readouterr().err
     manifest, _ = fake_sweep(tmp_path / "s")
     (tmp_path / "s" / "sweep.json").write_text(json.dumps(manifest))
-    assert run.main(["--env", "CartPole-v1", "--seeds", "4", "--run-dir", str(tmp_path / "s")]) == 2
+    assert cli.main(["--env", "CartPole-v1", "--seeds", "4", "--run-dir", str(tmp_path / "s")]) == 2
     assert "already holds a sweep: continue it with --resume" in capsys.readouterr().err
-    code = run.main(["--resume", str(tmp_path / "s"), "--env", "CartPole-v1", "--seeds", "2"])
+    code = cli.main(["--resume", str(tmp_path / "s"), "--env", "CartPole-v1", "--seeds", "2"])
     assert code == 2
     assert "holds a different sweep" in capsys.readouterr().err

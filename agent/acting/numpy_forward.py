@@ -2,7 +2,7 @@
 
 At the batch sizes of acting (one row per env), an eager torch forward is dominated
 by the fixed cost of each op, not by arithmetic; numpy's is several times smaller
-(docs/benchmarks.md). :class:`NumpyForward` compiles a module's ``forward`` into a
+(docs/research/log.md). :class:`NumpyForward` compiles a module's ``forward`` into a
 short numpy program once, by tracing it with ``torch.fx``, and runs that program on
 zero-copy views of the live parameters (``param.detach().numpy()`` shares storage),
 so every in-place optimizer step and ``load_state_dict`` is seen with no copying.
@@ -19,7 +19,7 @@ and a cast to the parameters' dtype, with float32 or float64 parameters on the C
 Anything else (control flow on values, other ops) makes :meth:`NumpyForward.build`
 return ``None``, and the selector acts eagerly instead. Convolutions run PyTorch's own
 kernel on zero-copy tensors (:class:`TorchConv2d`): numpy has no convolution, and an
-im2col in numpy is several times slower than that kernel (docs/benchmarks.md).
+im2col in numpy is several times slower than that kernel (docs/research/log.md).
 
 Noise: :meth:`NumpyForward.resample` draws fresh factorised noise with a numpy
 generator and writes it into the layers' noise buffers (also views), so
@@ -109,7 +109,7 @@ class TorchConv2d:
         stride, padding, dilation, groups = self.options
         bias_sizes = None if self.bias is None else list(self.bias.shape)
         # oneDNN's backward kernels are about twice as fast on channels-last tensors at
-        # these sizes (docs/benchmarks.md), conversions included.
+        # these sizes (docs/research/log.md), conversions included.
         channels_last = torch.channels_last
         grads = torch.ops.aten.convolution_backward(
             torch.from_numpy(g).contiguous(memory_format=channels_last),

@@ -18,7 +18,7 @@ network lives, and re-picks it when the network moves. Each backend has a file:
 ``"eager"`` (anything else: CNN torsos, bfloat16, other devices, unsupported ops)
     The function the graph captures, run under ``torch.inference_mode()``.
 
-Speeds of each are in docs/benchmarks.md (``bench/acting.py``).
+Speeds of each are in docs/research/log.md (``bench/acting.py``).
 """
 
 from __future__ import annotations
