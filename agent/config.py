@@ -139,6 +139,12 @@ class Config:
     """Environment steps between target network updates."""
     tau: float = 1.0
     """Target update weight: 1 copies (hard update), < 1 is a Polyak average."""
+    learner_backend: Literal["auto", "torch", "numpy"] = "auto"
+    """How the update's gradients are computed: ``numpy`` (a numpy program compiled from the
+    network, the fastest for small networks on a CPU), ``torch`` (autograd: any network,
+    any device) or ``auto``: numpy where it applies (CPU, the layers it knows), torch
+    elsewhere. Both compute the same update up to float rounding, so their trajectories
+    differ; the one that ran is written to config.yaml, result.json and the hparams."""
 
     # --- evaluation ---
     eval_interval: int = 2_000

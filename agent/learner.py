@@ -131,8 +131,8 @@ class Learner:
         self._numpy = _NumpyUpdate.build(self) if backend != "torch" else None
         if backend == "numpy" and self._numpy is None:
             raise ValueError(
-                "backend='numpy' needs both networks on the CPU in float32/float64, made of "
-                "Linear/NoisyLinear layers and elementwise activations: use 'auto' or 'torch'"
+                "the numpy learner backend needs both networks on the CPU in float32/float64, "
+                "made of the layers agent/numpy_grad.py compiles"
             )
         self.backend: Literal["torch", "numpy"] = "numpy" if self._numpy else "torch"
 

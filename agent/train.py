@@ -78,6 +78,8 @@ class TrainResult:
     (never the evaluation that decided an early stop: that one is biased upwards)."""
     eval_curve: list[tuple[int, float]]
     """(env steps, mean noise-free return) of every periodic evaluation."""
+    learner_backend: str = "torch"
+    """The learner backend that ran (``learner_backend: auto`` resolves to numpy or torch)."""
     stop_signal: int | None = None
     """The signal that interrupted the run (SIGINT 2, SIGTERM 15), if any."""
 
@@ -174,19 +176,23 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
     greedy = ActionSelector(
         q_network, spec.obs_shape, eval_envs, device, noise=False, capture_graph=cfg.capture_graph
     )
-    learner = Learner(
-        q_network,
-        target_network,
-        lr=cfg.lr,
-        adam_eps=cfg.adam_eps,
-        double_dqn=cfg.double_dqn,
-        loss=cfg.loss,
-        huber_delta=cfg.huber_delta,
-        max_grad_norm=cfg.max_grad_norm,
-        tau=cfg.tau,
-        noise=noisy,  # epsilon-greedy: the noise is off in learning too, not only in acting
-        update_noise=cfg.update_noise,
-    )
+    try:
+        learner = Learner(
+            q_network,
+            target_network,
+            lr=cfg.lr,
+            adam_eps=cfg.adam_eps,
+            double_dqn=cfg.double_dqn,
+            loss=cfg.loss,
+            huber_delta=cfg.huber_delta,
+            max_grad_norm=cfg.max_grad_norm,
+            tau=cfg.tau,
+            noise=noisy,  # epsilon-greedy: the noise is off in learning too, not only in acting
+            update_noise=cfg.update_noise,
+            backend=cfg.learner_backend,
+        )
+    except ValueError as e:  # learner_backend numpy where it does not apply (CUDA)
+        raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
     return Agent(q_network, target_network, replay, selector, greedy, learner)
 
 
@@ -275,6 +281,9 @@ def train(
         q_network, replay, selector, greedy, learner = (
             agent.q_network, agent.replay, agent.selector, agent.greedy, agent.learner
         )
+        # The config as it ran: learner_backend auto resolved to the backend chosen.
+        ran = cfg.to_dict() | {"learner_backend": learner.backend}
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
         sample_generator = torch.Generator(device=replay.storage_device).manual_seed(cfg.seed)
         explore_rng = np.random.default_rng([cfg.seed, 2])  # epsilon-greedy, random_starts
         episodes = Episodes(cfg.num_envs, cfg.seed)
@@ -488,7 +497,7 @@ def train(
                 round_index=counters.eval_round,
             ).mean
             monitor.scalars(counters.global_step, {"eval/final_mean_return": final_eval})
-            monitor.hparams(cfg.to_dict(), {"eval/final_mean_return": final_eval})
+            monitor.hparams(ran, {"eval/final_mean_return": final_eval})
         result = TrainResult(
             run_dir=str(run_dir),
             status=status,
@@ -501,6 +510,7 @@ def train(
             final_eval_return=final_eval,
             eval_curve=eval_curve,
             stop_signal=stop.received,
+            learner_backend=learner.backend,
         )
         (run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
         return result

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agent import cli
@@ -761,3 +762,37 @@ def test_early_stop_needs_the_confirming_mean_above_target_with_confidence(
         assert result.global_step == 1_000
     else:
         assert result.status == "solved" and result.solved_step == 250
+
+
+@pytest.mark.parametrize(
+    ("asked", "ran"), [("auto", "numpy"), ("torch", "torch"), ("numpy", "numpy")]
+)
+def test_the_learner_backend_is_a_config_key_and_the_one_that_ran_is_recorded(
+    tmp_path: Path, asked: str, ran: str
+) -> None:
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    cfg = load_config(
+        "CartPole-v1", overrides={**SHORT, "total_steps": 600, "learner_backend": asked}
+    )
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.learner_backend == ran
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["learner_backend"] == ran
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["learner_backend"] == ran
+    content = _events(tmp_path / "run").PluginTagToContent("hparams")
+    hparams = [
+        plugin_data_pb2.HParamsPluginData.FromString(c).session_start_info.hparams
+        for c in content.values()
+    ]
+    assert [h["learner_backend"].string_value for h in hparams if "learner_backend" in h] == [ran]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_numpy_learner_backend_on_cuda_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    code = cli.main(["--env", "CartPole-v1", "--device", "cuda", "--run-dir", str(tmp_path / "r"),
+                     "--set", "learner_backend=numpy"])
+    _one_line_error(code, capsys.readouterr().err, "--set learner_backend=auto")
