@@ -5,14 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 
 from envs import episode_seed
 
-__all__ = ["EVAL_STREAM", "EvalResult", "format_return", "json_ready", "run_episodes"]
+__all__ = [
+    "EVAL_STREAM",
+    "EvalResult",
+    "Evaluator",
+    "format_return",
+    "json_ready",
+    "run_episodes",
+]
 
 # Seed stream of evaluation episodes: disjoint from the training envs' (stream 0).
 EVAL_STREAM = 1
@@ -101,6 +108,86 @@ def run_episodes(
                 start(i)
     return EvalResult(np.array(returns, dtype=np.float64), np.array(lengths, dtype=np.int64))
 
+
+
+class EvalState(Protocol):
+    """The evaluation counters a run keeps in its checkpoints."""
+
+    eval_round: int
+    best_eval: float | None
+    solved_step: int | None
+
+
+class Evaluator:
+    """A run's noise-free evaluations: periodic rounds, the confirmation that decides an
+    early stop, the best score, and the final score on fresh episodes.
+
+    Every round plays episodes no earlier round played (``state.eval_round``). ``log``
+    receives the ``eval/*`` scalars; ``on_best`` runs when a round beats the best so far
+    (to save ``best.pt``); ``curve`` collects (step, mean return) of every periodic round.
+    """
+
+    def __init__(
+        self,
+        policy: Callable[[np.ndarray], np.ndarray],
+        envs: Sequence[gym.Env],
+        state: EvalState,
+        *,
+        seed: int,
+        episodes: int,
+        confirm_episodes: int,
+        confirm_z: float,
+        target_return: float | None,
+        early_stop: bool,
+        curve: list[tuple[int, float]],
+        log: Callable[[int, dict[str, float]], None],
+        on_best: Callable[[], None],
+    ) -> None:
+        self.policy, self.envs, self.state, self.seed = policy, envs, state, seed
+        self.episodes, self.confirm_episodes, self.confirm_z = episodes, confirm_episodes, confirm_z
+        self.target_return, self.early_stop = target_return, early_stop
+        self.curve, self.log, self.on_best = curve, log, on_best
+
+    def _round(self, episodes: int) -> EvalResult:
+        result = run_episodes(
+            self.policy, self.envs, episodes, seed=self.seed, round_index=self.state.eval_round
+        )
+        self.state.eval_round += 1
+        return result
+
+    def __call__(self, step: int) -> bool:
+        """A periodic evaluation; True when it reached the target, confirmed."""
+        result = self._round(self.episodes)
+        self.curve.append((step, result.mean))
+        self.log(step, {"eval/mean_return": result.mean, "eval/std_return": result.std})
+        if self.state.best_eval is None or result.mean > self.state.best_eval:
+            self.state.best_eval = result.mean
+            self.on_best()
+        # A run extended after its early stop trains on: it solved once already.
+        early_stop = self.early_stop and self.state.solved_step is None
+        target = self.target_return
+        if not (early_stop and target is not None and result.mean >= target):
+            return False
+        if not self.confirm_episodes:
+            return True
+        # Short evaluations near the threshold overstate a policy: confirm on fresh
+        # episodes, with confidence (a policy whose true mean sits at the target passes a
+        # bare-mean confirmation half the time, then scores below it in a fresh round).
+        confirmed = self._round(self.confirm_episodes)
+        lower = confirmed.mean - self.confirm_z * confirmed.standard_error
+        self.log(step, {"eval/confirm_mean_return": confirmed.mean,
+                        "eval/confirm_lower_bound": lower})
+        return lower >= target
+
+    def final(self, step: int) -> float:
+        """The final policy's mean on fresh episodes: never the round that stopped the run,
+        which is at the target by selection."""
+        mean = run_episodes(
+            self.policy, self.envs, self.confirm_episodes or self.episodes, seed=self.seed,
+            round_index=self.state.eval_round,
+        ).mean
+        self.log(step, {"eval/final_mean_return": mean})
+        return mean
 
 def format_return(x: float) -> str:
     """A return for people: three significant digits, never an exponent (0.955, 9.30,

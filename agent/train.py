@@ -34,7 +34,8 @@ from agent.checkpoint import (
 from agent.config import Config
 from agent.episodes import Episodes
 from agent.errors import UserError
-from agent.evaluate import json_ready, run_episodes
+from agent.evaluate import Evaluator, json_ready
+from agent.exploration import Exploration
 from agent.frame_replay import FrameReplayBuffer
 from agent.learner import Learner, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
@@ -45,6 +46,7 @@ from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
 __all__ = [
     "Agent",
+    "Run",
     "TrainResult",
     "build_agent",
     "build_q_network",
@@ -207,20 +209,158 @@ def crossed(step: int, stride: int, interval: int) -> bool:
     return step // interval != (step - stride) // interval
 
 
-def linear_schedule(start: float, end: float, duration: float, step: int) -> float:
-    return end + (start - end) * max(0.0, 1.0 - step / max(duration, 1.0))
+@dataclass
+class Run:
+    """What :func:`train` sets up before its loop (:func:`prepare_run`)."""
+
+    cfg: Config
+    spec: EnvSpec
+    run_dir: Path
+    ran: dict[str, Any]
+    """The config as it ran (``learner_backend`` resolved), for config.yaml and hparams."""
+    envs: Any
+    eval_envs: list[Any]
+    agent: Agent
+    episodes: Episodes
+    counters: Counters
+    eval_curve: list[tuple[int, float]]
+    obs: np.ndarray
+    """The first observations: fresh episodes, or the resumed ones replayed exactly."""
+    sample_generator: torch.Generator
+    exploration: Exploration
+    target_return: float | None
+    wall_before: float
+    """Wall seconds of the run's earlier pieces (a resume), for result.json."""
+
+    @property
+    def resumable(self) -> dict[str, Any]:
+        """What a checkpoint saves and a resume restores, besides the online network."""
+        return {
+            "target_network": self.agent.target_network,
+            "learner": self.agent.learner,
+            "sample_generator": self.sample_generator,
+            "explore_rng": self.exploration.rng,
+            "selector": self.agent.selector,
+        }
 
 
-def epsilon_greedy(
-    actions: np.ndarray, epsilon: float, rng: np.random.Generator, n_actions: int
-) -> np.ndarray:
-    """Replace each action by a uniformly random one with probability ``epsilon``."""
-    explore = rng.random(len(actions)) < epsilon
-    if not explore.any():
-        return actions
-    actions = actions.copy()
-    actions[explore] = rng.integers(n_actions, size=int(explore.sum()))
-    return actions
+def prepare_run(
+    cfg: Config,
+    run_dir: Path,
+    checkpoint: dict[str, Any] | None,
+    cleanup: contextlib.ExitStack,
+    echo: Any,
+) -> Run:
+    """Check the config against the env, then build everything a run needs (environments,
+    agent, random streams), restored from ``checkpoint`` when resuming. What must be
+    closed goes on ``cleanup``."""
+    # User errors (bad id, spaces, env_kwargs) before anything is written.
+    spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
+    device = resolve_device(cfg.device)
+    try:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as e:
+        raise UserError(
+            f"cannot write the run directory {run_dir} ({e.strerror}): pass a writable --run-dir"
+        ) from None
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.torch_threads)
+        # Denormal Adam moments of dead units are slow on a CPU; flushing them changes nothing.
+        torch.set_flush_denormal(True)
+        # numpy's BLAS gets torch's threads: a thread per core is many times slower beside
+        # other busy processes, and train() may run where numpy was imported first.
+        cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
+    seed_everything(cfg.seed)
+    envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
+    cleanup.callback(_close_quietly, envs)
+    # Evaluation plays up to EVAL_BATCH episodes at once on its own env copies.
+    eval_envs = [
+        make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
+        for _ in range(min(EVAL_BATCH, cfg.eval_episodes))
+    ]
+    cleanup.callback(_close_quietly, *eval_envs)
+    agent = build_agent(cfg, spec, device, len(eval_envs))
+    ran = cfg.to_dict() | {"learner_backend": agent.learner.backend}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
+    sample_generator = torch.Generator(device=agent.replay.storage_device).manual_seed(cfg.seed)
+    exploration = Exploration(
+        cfg.exploration, spec.n_actions, np.random.default_rng([cfg.seed, 2]),
+        total_steps=cfg.total_steps, random_starts=cfg.random_starts,
+        noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
+        epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
+    )  # fmt: skip
+    episodes = Episodes(cfg.num_envs, cfg.seed)
+    run = Run(
+        cfg, spec, run_dir, ran, envs, eval_envs, agent, episodes,
+        Counters(learning_starts=cfg.learning_starts), [], np.empty(0), sample_generator,
+        exploration, spec.reward_threshold if cfg.target_return is None else cfg.target_return,
+        0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
+    )  # fmt: skip
+    if checkpoint is None:
+        run.obs = episodes.reset(envs)
+    else:
+        run.eval_curve = restore_training(
+            checkpoint, q_network=agent.q_network, replay=agent.replay, **run.resumable
+        )
+        # (Checkpoints of older releases lack learning_starts and updates_before.)
+        run.counters = Counters(**{"learning_starts": cfg.learning_starts,
+                                   **checkpoint["counters"]})  # fmt: skip
+        if "replay" not in checkpoint:
+            # The buffer starts empty: fill it again before learning, as a new run does.
+            run.counters.learning_starts = run.counters.global_step + cfg.learning_starts
+            run.counters.updates_before = agent.learner.updates
+        run.obs = episodes.restore(envs, checkpoint["envs"], echo)
+    if cfg.terminal_on_life_loss and episodes.lives is None:
+        raise UserError(
+            f"terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
+            f"{cfg.env_id} does not: --set terminal_on_life_loss=false"
+        )
+    return run
+
+
+class Checkpoints:
+    """``last.pt`` and ``best.pt`` of a run; what they hold is defined in agent/checkpoint.py."""
+
+    def __init__(self, run: Run, wall_time: Any) -> None:
+        self.run, self.wall_time = run, wall_time
+        self.dir = run.run_dir / "checkpoints"
+
+    def policy(self) -> dict[str, Any]:
+        run = self.run
+        if not run.agent.learner.parameters_finite():
+            raise NonFiniteError("non-finite network parameters")
+        return policy_checkpoint(
+            env_id=run.cfg.env_id,
+            obs_shape=run.spec.obs_shape,
+            obs_dtype=run.spec.obs_dtype,
+            n_actions=run.spec.n_actions,
+            config=run.cfg.to_dict(),
+            q_network=run.agent.q_network,
+            counters=dataclasses.asdict(run.counters),
+        )
+
+    def save_last(self, obs: np.ndarray) -> None:
+        run = self.run
+        data = training_checkpoint(
+            self.policy(),
+            eval_curve=run.eval_curve,
+            episodes=run.episodes.state_dict(obs),
+            replay=run.agent.replay if run.cfg.save_buffer else None,
+            wall_time_s=self.wall_time(),
+            **run.resumable,
+        )
+        save_checkpoint(self.dir / "last.pt", data)
+
+    def save_best(self, obs: np.ndarray) -> None:
+        try:
+            save_checkpoint(self.dir / "best.pt", self.policy())  # the policy only
+        except CheckpointWriteError as e:
+            # A full disk must not also cost the checkpoint that lets the run resume.
+            with contextlib.suppress(CheckpointWriteError):
+                self.save_last(obs)
+                e.saved_instead = (self.dir / "last.pt", self.run.counters.global_step)
+            raise e from None
 
 
 def train(
@@ -240,187 +380,32 @@ def train(
     divergence.
     """
     wall_start = time.perf_counter()
-    # User errors (bad id, spaces, env_kwargs) before anything is written.
-    spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
-    device = resolve_device(cfg.device)
-    run_dir = Path(run_dir)
-    ckpt_dir = run_dir / "checkpoints"
-    try:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    except OSError as e:
-        raise UserError(
-            f"cannot write the run directory {run_dir} ({e.strerror}): pass a writable --run-dir"
-        ) from None
-
-    # --- set-up: device, seeds, environments, agent ---
-    if device.type == "cpu":
-        torch.set_num_threads(cfg.torch_threads)
-        # Adam's moments of parameters whose gradients stay zero (dead ReLUs) decay into
-        # denormal floats, which the CPU computes several times slower (docs/research/log.md).
-        # Flushing them to zero changes nothing that matters.
-        torch.set_flush_denormal(True)
-    seed_everything(cfg.seed)
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
-        if device.type == "cpu":
-            # numpy's BLAS (the learner's numpy path) gets the same threads as torch: a thread
-            # per core made small updates many times slower beside other busy processes
-            # (docs/research/log.md). run.py's OPENBLAS_NUM_THREADS misses train() called from
-            # a sweep's worker or a notebook, where numpy was imported first.
-            cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
-        envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
-        cleanup.callback(_close_quietly, envs)
-        # Evaluation plays up to EVAL_BATCH episodes at once on its own env copies.
-        eval_envs = [
-            make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
-            for _ in range(min(EVAL_BATCH, cfg.eval_episodes))
-        ]
-        cleanup.callback(_close_quietly, *eval_envs)
-        target_return = spec.reward_threshold if cfg.target_return is None else cfg.target_return
-        agent = build_agent(cfg, spec, device, len(eval_envs))
-        q_network, replay, selector, greedy, learner = (
-            agent.q_network, agent.replay, agent.selector, agent.greedy, agent.learner
+        # --- set-up: environments, agent, random streams; a resume restores them ---
+        run = prepare_run(cfg, Path(run_dir), checkpoint, cleanup, echo)
+        envs, episodes, counters, obs, explore = (
+            run.envs, run.episodes, run.counters, run.obs, run.exploration
         )
-        # The config as it ran: learner_backend auto resolved to the backend chosen.
-        ran = cfg.to_dict() | {"learner_backend": learner.backend}
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
-        sample_generator = torch.Generator(device=replay.storage_device).manual_seed(cfg.seed)
-        explore_rng = np.random.default_rng([cfg.seed, 2])  # epsilon-greedy, random_starts
-        episodes = Episodes(cfg.num_envs, cfg.seed)
-        counters = Counters(learning_starts=cfg.learning_starts)
-        eval_curve: list[tuple[int, float]] = []
-        # What a checkpoint saves and a resume restores, besides the online network.
-        resumable = {
-            "target_network": agent.target_network,
-            "learner": learner,
-            "sample_generator": sample_generator,
-            "explore_rng": explore_rng,
-            "selector": selector,
-        }
-
-        # --- first observations: fresh episodes, or the resumed ones replayed exactly ---
-        if checkpoint is None:
-            obs = episodes.reset(envs)
-        else:
-            eval_curve = restore_training(
-                checkpoint, q_network=q_network, replay=replay, **resumable
-            )
-            # (Checkpoints of older releases lack learning_starts and updates_before.)
-            saved = {"learning_starts": cfg.learning_starts, **checkpoint["counters"]}
-            counters = Counters(**saved)
-            if "replay" not in checkpoint:
-                # The buffer starts empty: fill it again before learning, as a new run does.
-                counters.learning_starts = counters.global_step + cfg.learning_starts
-                counters.updates_before = learner.updates
-            obs = episodes.restore(envs, checkpoint["envs"], echo)
-        if cfg.terminal_on_life_loss and episodes.lives is None:
-            raise UserError(
-                f"terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
-                f"{cfg.env_id} does not: --set terminal_on_life_loss=false"
-            )
-
-        # result.json reports the whole run's wall time, earlier pieces included.
-        wall_before = 0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0))
-
-        def wall_time() -> float:
-            return wall_before + time.perf_counter() - wall_start
-
-        # --- checkpoints and evaluation: what they hold is defined in agent/checkpoint.py ---
-        def policy() -> dict[str, Any]:
-            if not learner.parameters_finite():
-                raise NonFiniteError("non-finite network parameters")
-            return policy_checkpoint(
-                env_id=cfg.env_id,
-                obs_shape=spec.obs_shape,
-                obs_dtype=spec.obs_dtype,
-                n_actions=spec.n_actions,
-                config=cfg.to_dict(),
-                q_network=q_network,
-                counters=dataclasses.asdict(counters),
-            )
-
-        def save_last() -> None:
-            data = training_checkpoint(
-                policy(),
-                eval_curve=eval_curve,
-                episodes=episodes.state_dict(obs),
-                replay=replay if cfg.save_buffer else None,
-                wall_time_s=wall_time(),
-                **resumable,
-            )
-            save_checkpoint(ckpt_dir / "last.pt", data)
-
-        def save_best() -> None:
-            try:
-                save_checkpoint(ckpt_dir / "best.pt", policy())  # the policy only
-            except CheckpointWriteError as e:
-                # A full disk must not also cost the checkpoint that lets the run resume.
-                with contextlib.suppress(CheckpointWriteError):
-                    save_last()
-                    e.saved_instead = (ckpt_dir / "last.pt", counters.global_step)
-                raise e from None
-
-        def evaluate(step: int) -> bool:
-            """A periodic noise-free evaluation; True when it reached the target, confirmed."""
-            result = run_episodes(
-                greedy, eval_envs, cfg.eval_episodes, seed=cfg.seed, round_index=counters.eval_round
-            )
-            counters.eval_round += 1
-            eval_curve.append((step, result.mean))
-            monitor.scalars(step, {"eval/mean_return": result.mean, "eval/std_return": result.std})
-            if counters.best_eval is None or result.mean > counters.best_eval:
-                counters.best_eval = result.mean
-                save_best()
-            # A run extended after its early stop trains on: it solved once already.
-            early_stop = cfg.early_stop and counters.solved_step is None
-            if not (early_stop and target_return is not None and result.mean >= target_return):
-                return False
-            if not cfg.confirm_episodes:
-                return True
-            # Short evaluations near the threshold overstate a policy: confirm on fresh
-            # episodes, with confidence. A policy whose true mean sits at the target passes a
-            # bare-mean confirmation half the time and then scores below it in a fresh round.
-            confirmed = run_episodes(
-                greedy, eval_envs, cfg.confirm_episodes, seed=cfg.seed,
-                round_index=counters.eval_round,
-            )
-            counters.eval_round += 1
-            lower = confirmed.mean - cfg.confirm_z * confirmed.standard_error
-            monitor.scalars(step, {"eval/confirm_mean_return": confirmed.mean,
-                                   "eval/confirm_lower_bound": lower})
-            return lower >= target_return
-
-        monitor = Monitor(run_dir, cfg.total_steps, counters.global_step, progress)
+        selector, replay, learner = run.agent.selector, run.agent.replay, run.agent.learner
+        monitor = Monitor(run.run_dir, cfg.total_steps, counters.global_step, progress)
         cleanup.callback(_close_quietly, monitor)  # flushes the events, whatever happens
+        checkpoints = Checkpoints(run, lambda: run.wall_before + time.perf_counter() - wall_start)
+        evaluate = Evaluator(
+            run.agent.greedy, run.eval_envs, counters, seed=cfg.seed,
+            episodes=cfg.eval_episodes, confirm_episodes=cfg.confirm_episodes,
+            confirm_z=cfg.confirm_z, target_return=run.target_return,
+            early_stop=cfg.early_stop, curve=run.eval_curve, log=monitor.scalars,
+            on_best=lambda: checkpoints.save_best(obs),
+        )  # fmt: skip
         status: Literal["finished", "solved", "interrupted"] = "finished"
         n = cfg.num_envs
-        echo(f"run directory: {run_dir}")
-        echo(f"watch it with: tensorboard --logdir {run_dir.parent}")
-        if counters.global_step < cfg.random_starts:  # not again on a resume past the warm-up
-            whole = " (the whole run)" if cfg.random_starts >= cfg.total_steps else ""
-            echo(f"uniform random actions for the first {cfg.random_starts:,} steps{whole}: "
-                 "random_starts; --set random_starts=N to change it")
-
+        announce(run, echo)
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         while counters.global_step < cfg.total_steps:
-            # --- act: greedy on a noisy net plus a floor of random actions (or epsilon-greedy) ---
+            # --- act: greedy on a noisy net, then the exploration policy on top ---
             actions = selector(obs)  # (n,) int64, the one device->host read per step
-            explored = None  # (n,) bool where a random action replaced the policy's
-            if cfg.exploration == "epsilon":
-                epsilon = linear_schedule(
-                    cfg.epsilon_start,
-                    cfg.epsilon_end,
-                    cfg.epsilon_fraction * cfg.total_steps,
-                    counters.global_step,
-                )
-                actions = epsilon_greedy(actions, epsilon, explore_rng, spec.n_actions)
-            elif cfg.noisy_epsilon > 0 and counters.global_step >= cfg.random_starts:
-                # The floor retries actions that the noise has stopped trying.
-                policy_actions = actions
-                actions = epsilon_greedy(actions, cfg.noisy_epsilon, explore_rng, spec.n_actions)
-                explored = actions != policy_actions
-            if counters.global_step < cfg.random_starts:
-                actions = explore_rng.integers(spec.n_actions, size=n)  # fill replay uniformly
+            # explored: (n,) bool where the floor's random action replaced the policy's
+            actions, explored = explore(actions, counters.global_step)
 
             # --- step the environments; store the real transitions ---
             next_obs, rewards, terminated, truncated, info = envs.step(actions)
@@ -448,31 +433,13 @@ def train(
             # --- learn: one update per train_freq env steps, once learning has started ---
             if step >= counters.learning_starts and len(replay) >= cfg.batch_size:
                 while learner.updates < counters.updates_due(cfg.train_freq):
-                    learner.update(replay.sample(cfg.batch_size, sample_generator))
+                    learner.update(replay.sample(cfg.batch_size, run.sample_generator))
                 if crossed(step, n, cfg.target_update_interval):
                     learner.sync_target()
 
             # --- log: the only place tensors become floats ---
             if crossed(step, n, cfg.log_interval):
-                metrics = learner.metrics()  # raises NonFiniteError on divergence
-                scalars = {"charts/episodes": float(counters.episodes)}
-                if metrics is not None:
-                    scalars["losses/td_loss"] = metrics.td_loss
-                    scalars["losses/q_values"] = metrics.q_values
-                    scalars["charts/updates"] = float(learner.updates)
-                if cfg.exploration == "epsilon":
-                    scalars["charts/epsilon"] = epsilon
-                elif cfg.noisy_epsilon > 0:
-                    scalars["charts/epsilon"] = cfg.noisy_epsilon
-                scalars.update(noise_stats(q_network))
-                if len(replay) >= cfg.batch_size:  # how much the noise changes behaviour
-                    probe_seed = episode_seed(cfg.seed, 0, step, stream=3)
-                    noisy = cfg.exploration == "noisy"
-                    scalars.update(
-                        exploration_probe(q_network, replay, cfg.batch_size, probe_seed, noisy)
-                    )
-                monitor.scalars(step, scalars)
-                monitor.progress(step, sps=f"{monitor.sps(step):.0f}")
+                log_training(run, monitor, step)
 
             # --- evaluate the noise-free policy; stop early once solved ---
             if cfg.eval_interval and crossed(step, n, cfg.eval_interval) and evaluate(step):
@@ -482,38 +449,65 @@ def train(
 
             # --- checkpoint; Ctrl-C or SIGTERM saves and stops ---
             if crossed(step, n, cfg.checkpoint_interval):
-                save_last()
+                checkpoints.save_last(obs)
             if stop.received is not None:
                 status = "interrupted"
                 break
 
         # --- the end: save, then measure the final policy on fresh episodes ---
-        save_last()
+        checkpoints.save_last(obs)
         monitor.progress(counters.global_step)
-        final_eval: float | None = None
-        if status != "interrupted":
-            final_eval = run_episodes(
-                greedy, eval_envs, cfg.confirm_episodes or cfg.eval_episodes, seed=cfg.seed,
-                round_index=counters.eval_round,
-            ).mean
-            monitor.scalars(counters.global_step, {"eval/final_mean_return": final_eval})
-            monitor.hparams(ran, {"eval/final_mean_return": final_eval})
+        final_eval = None if status == "interrupted" else evaluate.final(counters.global_step)
+        if final_eval is not None:
+            monitor.hparams(run.ran, {"eval/final_mean_return": final_eval})
         result = TrainResult(
-            run_dir=str(run_dir),
+            run_dir=str(run.run_dir),
             status=status,
             global_step=counters.global_step,
             updates=learner.updates,
-            wall_time_s=wall_time(),
-            target_return=target_return,
+            wall_time_s=checkpoints.wall_time(),
+            target_return=run.target_return,
             solved_step=counters.solved_step,
             best_eval_return=counters.best_eval,
             final_eval_return=final_eval,
-            eval_curve=eval_curve,
+            eval_curve=run.eval_curve,
             stop_signal=stop.received,
             learner_backend=learner.backend,
         )
-        (run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
+        (run.run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
         return result
+
+
+def announce(run: Run, echo: Any) -> None:
+    """Where the run is, how to watch it, and a random warm-up still ahead."""
+    cfg = run.cfg
+    echo(f"run directory: {run.run_dir}")
+    echo(f"watch it with: tensorboard --logdir {run.run_dir.parent}")
+    if run.counters.global_step < cfg.random_starts:  # not again on a resume past the warm-up
+        whole = " (the whole run)" if cfg.random_starts >= cfg.total_steps else ""
+        echo(f"uniform random actions for the first {cfg.random_starts:,} steps{whole}: "
+             "random_starts; --set random_starts=N to change it")
+
+
+def log_training(run: Run, monitor: Monitor, step: int) -> None:
+    """The training scalars at a log interval: losses, exploration, noise."""
+    cfg, learner, replay = run.cfg, run.agent.learner, run.agent.replay
+    metrics = learner.metrics()  # raises NonFiniteError on divergence
+    scalars = {"charts/episodes": float(run.counters.episodes)}
+    if metrics is not None:
+        scalars["losses/td_loss"] = metrics.td_loss
+        scalars["losses/q_values"] = metrics.q_values
+        scalars["charts/updates"] = float(learner.updates)
+    scalars.update(run.exploration.scalars())
+    scalars.update(noise_stats(run.agent.q_network))
+    if len(replay) >= cfg.batch_size:  # how much the noise changes behaviour
+        probe_seed = episode_seed(cfg.seed, 0, step, stream=3)
+        noisy = cfg.exploration == "noisy"
+        scalars.update(
+            exploration_probe(run.agent.q_network, replay, cfg.batch_size, probe_seed, noisy)
+        )
+    monitor.scalars(step, scalars)
+    monitor.progress(step, sps=f"{monitor.sps(step):.0f}")
 
 
 def exploration_probe(

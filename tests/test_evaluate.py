@@ -74,3 +74,64 @@ def test_success_rate_is_the_share_of_episodes_with_a_positive_return() -> None:
     lengths = np.ones(5, dtype=np.int64)
     assert EvalResult(np.array([0.0, 0.82, -1.0, 0.5, 0.0]), lengths).success_rate == 0.4
     assert EvalResult(np.zeros(5), lengths).success_rate == 0.0
+
+
+class _Counters:
+    eval_round = 0
+    best_eval: float | None = None
+    solved_step: int | None = None
+
+
+def _evaluator(policy, target: float | None, early_stop: bool = True, **kw):  # type: ignore[no-untyped-def]
+    from agent.evaluate import Evaluator
+
+    logged: list[tuple[int, dict]] = []
+    best: list[int] = []
+    state = _Counters()
+    evaluate = Evaluator(
+        policy, [make_env("envs.testing:NoisyDQN/Cue-v0") for _ in range(2)], state, seed=1,
+        episodes=4, confirm_episodes=kw.get("confirm_episodes", 6), confirm_z=1.645,
+        target_return=target, early_stop=early_stop, curve=[],
+        log=lambda step, scalars: logged.append((step, scalars)),
+        on_best=lambda: best.append(state.eval_round),
+    )
+    return evaluate, state, logged, best
+
+
+def _perfect(batch: np.ndarray) -> np.ndarray:
+    return (batch[:, 0] > 0).astype(np.int64)  # Cue-v0 pays for following its cue
+
+
+def test_a_policy_at_the_target_is_confirmed_on_fresh_episodes() -> None:
+    evaluate, state, logged, best = _evaluator(_perfect, target=4.5)
+    assert evaluate(100) is True
+    assert state.eval_round == 2  # the periodic round, then the confirming one
+    assert evaluate.curve == [(100, 5.0)] and state.best_eval == 5.0 and best == [1]
+    assert "eval/confirm_lower_bound" in logged[-1][1]
+    # The final score plays a round no evaluation played, and moves no counter.
+    assert evaluate.final(200) == 5.0 and state.eval_round == 2
+
+
+def _always_one(batch: np.ndarray) -> np.ndarray:
+    return np.ones(len(batch), dtype=np.int64)  # right about half the time
+
+
+def test_below_the_target_or_without_early_stop_the_run_goes_on() -> None:
+    evaluate, state, _, best = _evaluator(_always_one, target=4.5)
+    assert evaluate(100) is False and state.eval_round == 1  # no confirmation played
+    assert best == [1]
+    evaluate, state, _, _ = _evaluator(_perfect, target=4.5, early_stop=False)
+    assert evaluate(100) is False and evaluate(200) is False
+    # A run that solved once (then extended) does not stop again.
+    evaluate, state, _, _ = _evaluator(_perfect, target=4.5)
+    state.solved_step = 50
+    assert evaluate(100) is False
+
+
+def test_only_a_better_round_counts_as_the_best() -> None:
+    playing = [_always_one]
+    evaluate, state, _, best = _evaluator(lambda batch: playing[0](batch), target=None)
+    for step, policy in enumerate((_always_one, _perfect, _always_one)):
+        playing[0] = policy
+        evaluate(step)
+    assert best == [1, 2] and state.best_eval == 5.0

@@ -575,17 +575,17 @@ def test_final_score_is_a_fresh_evaluation_not_the_one_that_stopped_the_run(
 ) -> None:
     # The confirming evaluation that triggers an early stop is >= target by selection;
     # the reported final score must come from episodes no earlier evaluation played.
-    import agent.train as train_module
+    import agent.evaluate as evaluate_module
 
     calls: list[tuple[int, int, float]] = []  # (episodes, round, mean) of every evaluation
-    real = train_module.run_episodes
+    real = evaluate_module.run_episodes
 
     def spy(policy, envs, episodes, *, seed, round_index=0, **kw):  # type: ignore[no-untyped-def]
         result = real(policy, envs, episodes, seed=seed, round_index=round_index, **kw)
         calls.append((episodes, round_index, result.mean))
         return result
 
-    monkeypatch.setattr(train_module, "run_episodes", spy)
+    monkeypatch.setattr(evaluate_module, "run_episodes", spy)
     cfg = load_config(
         "envs.testing:NoisyDQN/Cue-v0",
         overrides={**SHORT, "total_steps": 6_000, "early_stop": True, "eval_interval": 250,
@@ -740,7 +740,7 @@ def test_early_stop_needs_the_confirming_mean_above_target_with_confidence(
     # confirming 20 episodes average just above it with a wide spread (mean 4.6, standard
     # error 0.18 > (4.6 - 4.5) / 1.645). With confidence the run trains on; with the bare
     # mean (confirm_z = 0) it stops at the first evaluation.
-    import agent.train as train_module
+    import agent.evaluate as evaluate_module
     from agent.evaluate import EvalResult
 
     def grazing(policy, envs, episodes, *, seed, round_index=0, **kw):  # type: ignore[no-untyped-def]
@@ -750,7 +750,7 @@ def test_early_stop_needs_the_confirming_mean_above_target_with_confidence(
             returns = np.array([5.0, 4.2] * (episodes // 2))  # mean 4.6, std 0.4
         return EvalResult(returns, np.full(episodes, 5, dtype=np.int64))
 
-    monkeypatch.setattr(train_module, "run_episodes", grazing)
+    monkeypatch.setattr(evaluate_module, "run_episodes", grazing)
     cfg = load_config(
         "envs.testing:NoisyDQN/Cue-v0",
         overrides={**SHORT, "total_steps": 1_000, "early_stop": True, "eval_interval": 250,
