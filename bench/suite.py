@@ -3,8 +3,8 @@
     python bench/suite.py --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/img/
 
 For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (the default ``--envs``), or any
-other registered gymnasium id with discrete actions given to ``--envs`` (issue 12's
-generality goal: envs with no YAML of their own, which run on ``agent/configs/default.yaml``
+other registered gymnasium id with discrete actions given to ``--envs`` (the
+generality check: envs with no YAML of their own, which run on ``agent/configs/default.yaml``
 alone), every seed a separate process, timed as a whole (start-up included):
 
 * ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else
@@ -121,7 +121,7 @@ def threshold_of(env_id: str) -> tuple[float | None, str]:
     """The return that counts as solved on ``env_id`` (None: no threshold), and where it
     comes from; raises ``gymnasium.error.Error`` for an id gymnasium does not know."""
     if env_id in THRESHOLD:
-        return THRESHOLD[env_id], "issue 12"
+        return THRESHOLD[env_id], "the classic-control goal"
     if env_id in THRESHOLD_TABLE:
         value, why = THRESHOLD_TABLE[env_id]
         return value, why
@@ -327,35 +327,31 @@ def print_comparison(envs: list[str], thresholds: dict[str, tuple[float | None, 
                      results: dict[str, dict[str, list[dict]]],
                      title: str = "The default command against its epsilon-greedy ablation",
                      paired_by_seed: bool = False, config_file: str | None = None) -> None:
-    """One row per env: the default command against its epsilon-greedy ablation.
+    """One row per env (:func:`comparison_row`): the default command against its ablation."""
+    rows = [comparison_row(env_id, thresholds[env_id][0], results[env_id], paired_by_seed,
+                           config_file) for env_id in envs]
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(rows[0]) + " |")
+    print("|---" * len(rows[0]) + "|")
+    for row in rows:
+        print("| " + " | ".join(row.values()) + " |")
+
+
+def comparison_row(env_id: str, threshold: float | None, agents: dict[str, list[dict]],
+                   paired_by_seed: bool = False, config_file: str | None = None
+                   ) -> dict[str, str]:
+    """The cells of one env's row, by column.
 
     ``paired_by_seed`` adds how many seeds the noisy run beat, tied or lost to the
     epsilon-greedy run of the same seed (meaningful where both played the same episodes).
     ``config_file`` (the suite's --config) is named in the config column after the env's
     own YAML.
     """
-    print(f"\n### {title}\n")
-    head = ("| env | config | seeds solved, noisy / epsilon | median steps to solve, noisy / "
-            "epsilon | final return IQM, noisy / epsilon | IQM difference [95% CI] | "
-            "solve-rate difference [95% CI] |")
-    if paired_by_seed:
-        head += " seeds noisy higher / equal / lower |"
-    print(head + " verdict |")
-    print("|---" * head.count("|") + "|")
-    for env_id in envs:
-        _comparison_row(env_id, thresholds[env_id][0], results[env_id], paired_by_seed,
-                        config_file)
-
-
-def _comparison_row(env_id: str, threshold: float | None, agents: dict[str, list[dict]],
-                    paired_by_seed: bool, config_file: str | None = None) -> None:
     noisy, epsilon = agents[AGENTS[0]], agents[AGENTS[1]]
     c = compare(threshold, noisy, epsilon)
     scale = max(abs(r["final_eval_return"]) for res in agents.values() for r in res)
     d = 1 if scale >= 5 else 3
-    iqm_cell = f"{c['iqm'][0]:.{d}f} / {c['iqm'][1]:.{d}f}"
     lo, hi = c["iqm_diff_ci"]
-    diff_cell = f"{c['iqm_diff']:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"
     if threshold is None:
         solved_cell = steps_cell = rate_cell = "- (no threshold)"
     else:
@@ -368,12 +364,21 @@ def _comparison_row(env_id: str, threshold: float | None, agents: dict[str, list
         env_config_file(env_id).name
     if config_file is not None:
         config += f" < --config {config_file}"
-    cells = [env_id, config, solved_cell, steps_cell, iqm_cell, diff_cell, rate_cell]
+    row = {
+        "env": env_id,
+        "config": config,
+        "seeds solved, noisy / epsilon": solved_cell,
+        "median steps to solve, noisy / epsilon": steps_cell,
+        "final return IQM, noisy / epsilon": f"{c['iqm'][0]:.{d}f} / {c['iqm'][1]:.{d}f}",
+        "IQM difference [95% CI]": f"{c['iqm_diff']:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]",
+        "solve-rate difference [95% CI]": rate_cell,
+    }
     if paired_by_seed:
         higher, equal, lower = paired([r["final_eval_return"] for r in noisy],
                                       [r["final_eval_return"] for r in epsilon])
-        cells.append(f"{higher} / {equal} / {lower}")
-    print("| " + " | ".join([*cells, c["verdict"]]) + " |")
+        row["seeds noisy higher / equal / lower"] = f"{higher} / {equal} / {lower}"
+    row["verdict"] = c["verdict"]
+    return row
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """bench/suite.py: thresholds of envs beyond the three classic-control ones, and the
-noisy-against-epsilon comparison the generality goal of issue 12 reads."""
+noisy-against-epsilon comparison the generality check reads."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def run(final: float, curve: list | None = None) -> dict:
 
 
 def test_thresholds_come_from_issue_12_then_the_table_then_the_registry(suite):
-    assert suite.threshold_of("MountainCar-v0") == (-110.0, "issue 12")
+    assert suite.threshold_of("MountainCar-v0") == (-110.0, "the classic-control goal")
     assert suite.threshold_of("CartPole-v0")[0] == gym.spec("CartPole-v0").reward_threshold
     assert suite.threshold_of("FrozenLake-v1") == (0.7, "registered reward_threshold")
     # Registered at 8, above what the optimal policy averages: the table overrides it.
@@ -138,28 +138,35 @@ def test_compare_without_a_threshold_uses_the_final_return_iqm_alone(suite):
     assert c["verdict"] == "noisy < epsilon (final-return IQM; within the 95% CI)"
 
 
+def test_comparison_rows_give_solve_rates_steps_and_iqm_or_say_there_is_no_threshold(suite):
+    cartpole = {suite.AGENTS[0]: [run(200.0, [[2000, 200.0]])] * 3,
+                suite.AGENTS[1]: [run(200.0, [[4000, 200.0]])] * 3}
+    row = suite.comparison_row("CartPole-v0", *suite.threshold_of("CartPole-v0")[:1], cartpole)
+    assert row["config"] == "default.yaml"  # CartPole-v0 has no YAML of its own
+    assert row["seeds solved, noisy / epsilon"] == "3/3 / 3/3"
+    assert row["median steps to solve, noisy / epsilon"] == "2,000 / 4,000"
+    assert row["final return IQM, noisy / epsilon"] == "200.0 / 200.0"
+    blackjack = {suite.AGENTS[0]: [run(-0.05)] * 3, suite.AGENTS[1]: [run(-0.1)] * 3}
+    row = suite.comparison_row("Blackjack-v1", None, blackjack)
+    assert row["seeds solved, noisy / epsilon"] == "- (no threshold)"
+    assert row["verdict"].startswith("noisy >= epsilon")
+
+
+def test_comparison_rows_name_the_config_file_after_the_env_yaml(suite):
+    results = {suite.AGENTS[0]: [run(-90.0, [[30000, -90.0]])],
+               suite.AGENTS[1]: [run(-95.0, [[20000, -95.0]])]}
+    row = suite.comparison_row("Acrobot-v1", -100.0, results,
+                               config_file="agent/configs/default.yaml")
+    assert row["config"] == "Acrobot-v1.yaml < --config agent/configs/default.yaml"
+    assert row["seeds solved, noisy / epsilon"] == "1/1 / 1/1"
+
+
 def test_print_comparison_prints_one_row_per_env(suite, capsys):
-    results = {
-        "CartPole-v0": {suite.AGENTS[0]: [run(200.0, [[2000, 200.0]])] * 3,
-                        suite.AGENTS[1]: [run(200.0, [[4000, 200.0]])] * 3},
-        "Blackjack-v1": {suite.AGENTS[0]: [run(-0.05)] * 3, suite.AGENTS[1]: [run(-0.1)] * 3},
-    }
-    thresholds = {env: suite.threshold_of(env) for env in results}
-    suite.print_comparison(list(results), thresholds, results)
-    out = capsys.readouterr().out
-    assert "| CartPole-v0 | default.yaml | 3/3 / 3/3 | 2,000 / 4,000 | 200.0 / 200.0 |" in out
-    assert "| Blackjack-v1 | default.yaml | - (no threshold) |" in out
-    assert "noisy >= epsilon (ahead on final-return IQM)" in out
-
-
-def test_print_comparison_names_the_config_file_after_the_env_yaml(suite, capsys):
-    results = {"Acrobot-v1": {suite.AGENTS[0]: [run(-90.0, [[30000, -90.0]])],
-                              suite.AGENTS[1]: [run(-95.0, [[20000, -95.0]])]}}
-    suite.print_comparison(["Acrobot-v1"], {"Acrobot-v1": (-100.0, "issue 12")}, results,
-                           config_file="agent/configs/default.yaml")
-    out = capsys.readouterr().out
-    row = "| Acrobot-v1 | Acrobot-v1.yaml < --config agent/configs/default.yaml | 1/1 / 1/1 |"
-    assert row in out
+    results = {env: {suite.AGENTS[0]: [run(1.0)], suite.AGENTS[1]: [run(1.0)]}
+               for env in ("CartPole-v0", "Acrobot-v1")}
+    suite.print_comparison(list(results), {env: (None, "") for env in results}, results)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    assert [x.split(" | ")[0] for x in lines] == ["| env", "| CartPole-v0", "| Acrobot-v1"]
 
 
 def test_paired_counts_seeds_higher_equal_lower(suite):

@@ -715,21 +715,19 @@ def test_training_limits_numpy_blas_to_torch_threads_and_restores_it(
         assert blas_threads() == {3}  # put back for the caller
 
 
-def test_cli_imports_torch_with_the_collector_paused_and_restores_it() -> None:
-    # torch's ~200k long-lived objects are frozen (no collection walks them again), and
-    # the collector's switch is left as it was.
+def test_the_cli_leaves_the_garbage_collector_as_it_found_it() -> None:
+    # The command line pauses the collector while torch imports; a caller's setting stands.
     code = (
         "import gc, sys\nfrom agent import cli\n"
         "for enabled in (True, False):\n"
         "    (gc.enable if enabled else gc.disable)()\n"
         "    cli._import_torch()\n"
-        "    frozen = gc.get_freeze_count() > 10_000\n"
-        "    print(gc.isenabled() == enabled, frozen, 'torch' in sys.modules)\n"
+        "    print(gc.isenabled() == enabled, 'torch' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    assert out.stdout.split() == ["True"] * 6, out.stderr
+    assert out.stdout.split() == ["True"] * 4, out.stderr
 
 
 @pytest.mark.parametrize("confirm_z", [1.645, 0.0])
