@@ -119,7 +119,7 @@ AGENTS = ("noisy (ours, default command)", "epsilon-greedy (ours, same config)",
 
 def threshold_of(env_id: str) -> tuple[float | None, str]:
     """The return that counts as solved on ``env_id`` (None: no threshold), and where it
-    comes from; raises ``gymnasium.error.Error`` for an id gymnasium does not know."""
+    comes from; raises ``UserError`` for an id that is not registered."""
     if env_id in THRESHOLD:
         return THRESHOLD[env_id], "the classic-control goal"
     if env_id in THRESHOLD_TABLE:
@@ -127,6 +127,9 @@ def threshold_of(env_id: str) -> tuple[float | None, str]:
         return value, why
     import gymnasium as gym
 
+    from envs import check_env_id
+
+    check_env_id(env_id)  # registers MinAtar and MiniGrid ids, as run.py does
     registered = gym.spec(env_id).reward_threshold
     if registered is None:
         return None, "none registered"
