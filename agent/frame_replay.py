@@ -40,8 +40,8 @@ draws slots uniformly and redraws the few that hold no transition, which keeps t
 draw uniform over stored transitions. ``capacity`` therefore counts frame slots:
 ``len(buffer)`` stays slightly below it (by one slot per episode in the ring).
 
-n-step returns work as in :class:`ReplayBuffer`: a window of the last ``n_step``
-steps per env, emitted when full, flushed at an episode end (terminated or
+n-step returns come from the windows both buffers share (:mod:`agent.nstep`), over
+the stacks' frame indices: emitted when full, flushed at an episode end (terminated or
 truncated) with shorter lengths; ``dones`` is 1 only for termination.
 """
 
@@ -53,13 +53,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.replay import (
+from agent.nstep import NStepWindows
+from agent.replay_base import (
     Batch,
-    _is_cuda,
-    _normalize_device,
-    _numpy_dtype,
-    _PinnedSlots,
-    _torch_dtype,
+    is_cuda,
+    normalize_device,
+    numpy_dtype,
+    PinnedSlots,
+    torch_dtype,
     check_arguments,
     check_config_state,
     check_explored,
@@ -102,13 +103,13 @@ class FrameReplayBuffer:
         obs_shape = check_arguments(capacity, obs_shape, n_step, gamma, num_envs, float_dtype)
         if len(obs_shape) != 3:
             raise ValueError(f"obs_shape must be (C, H, W) with positive sizes, got {obs_shape}")
-        self._obs_in_dtype = _numpy_dtype(obs_dtype, "obs_dtype")
+        self._obs_in_dtype = numpy_dtype(obs_dtype, "obs_dtype")
         if not np.issubdtype(self._obs_in_dtype, np.integer):
             raise ValueError(
                 f"FrameReplayBuffer stores integer frames (uint8), got {self._obs_in_dtype}"
             )
-        self.device = _normalize_device(device)
-        self.storage_device = _normalize_device(storage_device)
+        self.device = normalize_device(device)
+        self.storage_device = normalize_device(storage_device)
         if self.storage_device.type != "cpu":
             raise ValueError(
                 f"FrameReplayBuffer keeps its frames on the CPU (storage_device='cpu'), got "
@@ -132,7 +133,7 @@ class FrameReplayBuffer:
         self.gamma = float(gamma)
         self.num_envs = num_envs
         self.float_dtype = float_dtype
-        self.obs_dtype = _torch_dtype(self._obs_in_dtype)
+        self.obs_dtype = torch_dtype(self._obs_in_dtype)
         self.slots_per_env = slots
         self._obs_in_shape = (num_envs, *obs_shape)
 
@@ -176,17 +177,13 @@ class FrameReplayBuffer:
         self._has_last = np.zeros(num_envs, dtype=bool)
         self._stack_offsets = np.arange(-c + 1, 1, dtype=np.int64)  # (C,) oldest .. newest
 
-        # n-step windows, oldest first: stack indices, action, reward; wlen steps each.
-        self._win_obs = np.zeros((num_envs, n_step, c), dtype=np.int64)
-        self._win_act = np.zeros((num_envs, n_step), dtype=np.int64)
-        self._win_rew = np.zeros((num_envs, n_step), dtype=np.float64)
-        self._wlen = np.zeros(num_envs, dtype=np.int64)
-        self._gamma_pows = self.gamma ** np.arange(n_step + 1, dtype=np.float64)
+        # n-step windows of stack indices, emitting finished transitions here.
+        self._windows = NStepWindows(num_envs, n_step, self.gamma, (c,), np.int64, self._emit)
 
         # Sampling: pinned staging only for a CUDA learner.
-        self._pinned = _is_cuda(self.device)
+        self._pinned = is_cuda(self.device)
         self._moves = not self._pinned and self.device != self.storage_device
-        self._sample_slots: _PinnedSlots | None = None
+        self._sample_slots: PinnedSlots | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if self._pinned else None
 
     # ------------------------------------------------------------------ info
@@ -244,26 +241,17 @@ class FrameReplayBuffer:
         slide = (next_obs[:, :-1] == obs[:, 1:]).reshape(self.num_envs, -1).all(1)
         self._last_obs[...] = next_obs
         self._has_last[:] = True
-        ended = terminated | truncated
+        obs_stacks = np.empty_like(self._cur_stack)  # (E, C) flat frame indices
         for e in range(self.num_envs):
-            obs_stack = self._cur_stack[e].copy() if cont[e] else self._new_segment(e, obs[e])
-            if explored is not None and explored[e]:
-                self._end_windows(e, obs_stack, terminated=False)
+            obs_stacks[e] = self._cur_stack[e] if cont[e] else self._new_segment(e, obs[e])
             if slide[e]:
-                wpos = self._write(e, next_obs[e, -1])
-                next_stack = self._stack(e, wpos)
+                self._cur_stack[e] = self._stack(e, self._write(e, next_obs[e, -1]))
             else:
-                next_stack = self._new_segment(e, next_obs[e])
-            self._cur_stack[e] = next_stack
-            self._push(
-                e,
-                obs_stack,
-                int(actions[e]),
-                float(rewards[e]),
-                next_stack,
-                bool(terminated[e]),
-                bool(ended[e]),
-            )
+                self._cur_stack[e] = self._new_segment(e, next_obs[e])
+        # The frames of pending windows outlive this step's writes (min_slots), so the
+        # windows can finish transitions after them.
+        self._windows.push(obs_stacks, actions, rewards, self._cur_stack.copy(), terminated,
+                           truncated, explored)  # fmt: skip
 
     def _write(self, e: int, frame: np.ndarray) -> int:
         """Write one frame of env e; drop the transition whose oldest frame it overwrites."""
@@ -295,64 +283,30 @@ class FrameReplayBuffer:
                 w = self._write(e, frame)
         return self._stack(e, w)
 
-    def _push(
-        self,
-        e: int,
-        obs_stack: np.ndarray,
-        action: int,
-        reward: float,
-        next_stack: np.ndarray,
-        terminated: bool,
-        ended: bool,
-    ) -> None:
-        """Add one step to env e's n-step window; emit what it finishes."""
-        n = self.n_step
-        k = int(self._wlen[e])
-        self._win_obs[e, k] = obs_stack
-        self._win_act[e, k] = action
-        self._win_rew[e, k] = reward
-        k += 1
-        if k == n:  # a full window: its oldest step's n-step transition is done
-            ret = float(self._win_rew[e] @ self._gamma_pows[:n])
-            self._emit(self._win_obs[e, 0], self._win_act[e, 0], ret, next_stack, terminated, n)
-            self._win_obs[e, :-1] = self._win_obs[e, 1:].copy()
-            self._win_act[e, :-1] = self._win_act[e, 1:].copy()
-            self._win_rew[e, :-1] = self._win_rew[e, 1:].copy()
-            k -= 1
-        self._wlen[e] = k
-        if ended:
-            self._end_windows(e, next_stack, terminated)
-
-    def _end_windows(self, e: int, final_stack: np.ndarray, terminated: bool) -> None:
-        """Emit env e's pending windows (shorter than n), oldest first, ending at final_stack."""
-        k = int(self._wlen[e])
-        for j in range(k):
-            steps = k - j
-            ret = float(self._win_rew[e, j:k] @ self._gamma_pows[:steps])
-            self._emit(
-                self._win_obs[e, j], self._win_act[e, j], ret, final_stack, terminated, steps
-            )
-        self._wlen[e] = 0
-
     def _emit(
         self,
-        obs_stack: np.ndarray,
-        action: int,
-        ret: float,
-        next_stack: np.ndarray,
-        done: bool,
-        steps: int,
+        obs_stacks: np.ndarray,
+        actions: np.ndarray,
+        returns: np.ndarray,
+        next_stacks: np.ndarray,
+        dones: np.ndarray | bool,
+        discounts: np.ndarray | float,
     ) -> None:
-        i = int(obs_stack[-1])  # the slot of the obs's newest frame holds the transition
-        if not self._valid[i]:
-            self._valid[i] = True
-            self._size += 1
-        self._obs_idx_np[i] = obs_stack
-        self._next_idx_np[i] = next_stack
-        self._actions_np[i] = action
-        self._rewards_np[i] = ret
-        self._dones_np[i] = float(done)
-        self._discounts_np[i] = self._gamma_pows[steps]
+        """Store m finished transitions, each in the slot of its obs's newest frame."""
+        m = len(actions)
+        dones = np.broadcast_to(dones, (m,))
+        discounts = np.broadcast_to(discounts, (m,))
+        for row in range(m):
+            i = int(obs_stacks[row, -1])
+            if not self._valid[i]:
+                self._valid[i] = True
+                self._size += 1
+            self._obs_idx_np[i] = obs_stacks[row]
+            self._next_idx_np[i] = next_stacks[row]
+            self._actions_np[i] = actions[row]
+            self._rewards_np[i] = returns[row]
+            self._dones_np[i] = float(dones[row])
+            self._discounts_np[i] = discounts[row]
 
     # ------------------------------------------------------------------ sample
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
@@ -427,7 +381,7 @@ class FrameReplayBuffer:
         if slots is None or slots.tensors[0][0].shape[0] != b:
             if slots is not None:
                 slots.wait_all()  # never drop a slot a copy may still read
-            self._sample_slots = slots = _PinnedSlots(
+            self._sample_slots = slots = PinnedSlots(
                 [
                     ((b, c, h, w), self.obs_dtype),
                     ((b,), torch.int64),
@@ -457,17 +411,7 @@ class FrameReplayBuffer:
         return Batch(*out)
 
     # ------------------------------------------------------------------ state
-    _HOST_ARRAYS = (
-        "_count",
-        "_seg_start",
-        "_cur_stack",
-        "_last_obs",
-        "_has_last",
-        "_win_obs",
-        "_win_act",
-        "_win_rew",
-        "_wlen",
-    )
+    _HOST_ARRAYS = ("_count", "_seg_start", "_cur_stack", "_last_obs", "_has_last")
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: plain tensors and numbers only.
@@ -479,6 +423,7 @@ class FrameReplayBuffer:
         state.update(self._tensors)
         for name in self._HOST_ARRAYS:
             state[name.lstrip("_")] = torch.from_numpy(getattr(self, name).copy())
+        state.update(self._windows.state_dict())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -497,6 +442,17 @@ class FrameReplayBuffer:
             src = state.get(key)
             if not isinstance(src, torch.Tensor) or tuple(src.shape) != arr.shape:
                 raise ValueError(f"replay state_dict: {key} must have shape {arr.shape}")
+        # Checkpoints of earlier releases keep the windows oldest first, with their lengths.
+        old_windows = "window_obs" not in state
+        if old_windows:
+            n, c = self.n_step, self.obs_shape[0]
+            shapes = {"win_obs": (self.num_envs, n, c), "win_act": (self.num_envs, n),
+                      "win_rew": (self.num_envs, n), "wlen": (self.num_envs,)}
+            for key, shape in shapes.items():
+                if key not in state or tuple(state[key].shape) != shape:
+                    raise ValueError(f"replay state_dict: {key} must have shape {shape}")
+        else:
+            self._windows.check_state(state)
         valid = state["valid"]
         if int(valid.sum()) != int(state["size"]):
             raise ValueError("replay state_dict: size does not match the stored transitions")
@@ -504,4 +460,9 @@ class FrameReplayBuffer:
             t.copy_(state[name])
         for name in self._HOST_ARRAYS:
             getattr(self, name)[...] = state[name.lstrip("_")].numpy()
+        if old_windows:
+            self._windows.load_oldest_first(*(state[k].numpy() for k in
+                                              ("win_obs", "win_act", "win_rew", "wlen")))
+        else:
+            self._windows.load_state_dict(state)
         self._size = int(state["size"])

@@ -14,7 +14,7 @@ The learner's only source of data. One :class:`ReplayBuffer` serves every device
   ``.pin_memory()``.
 
 n-step returns are accumulated at ``add`` time, per env, in a window of the last
-``n_step`` steps (host-side numpy). A window that holds ``n_step`` steps emits its
+``n_step`` steps (host-side numpy, :mod:`agent.nstep`, shared with frame replay). A window that holds ``n_step`` steps emits its
 oldest transition; an episode end (terminated *or* truncated) flushes every pending
 window of that env, each with its own shorter length ``k``. The ring therefore holds
 finished transitions only, and ``sample`` is a plain gather:
@@ -39,212 +39,27 @@ episode end: ``AutoresetMode.DISABLED`` (what ``agent/train.py`` uses) or
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
+from agent.nstep import NStepWindows
+from agent.replay_base import (
+    Batch,
+    PinnedSlots,
+    check_arguments,
+    check_config_state,
+    check_explored,
+    check_step,
+    config_state,
+    is_cuda,
+    normalize_device,
+    numpy_dtype,
+    torch_dtype,
+)
+
 __all__ = ["Batch", "ReplayBuffer"]
-
-# Float dtypes the buffer can return: they need a numpy twin, because the host side
-# (n-step windows, writes into CPU storage) works through numpy views.
-_FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
-
-
-class Batch(NamedTuple):
-    """One sampled batch; every field is a tensor on the buffer's ``device``.
-
-    obs, next_obs: (B, *obs_shape), stored dtype (uint8 stays uint8; float obs in float_dtype).
-    actions: (B,) int64.
-    rewards: (B,) discounted k-step return, float_dtype.
-    dones: (B,) 1.0 only if the episode terminated within the k steps, float_dtype.
-    discounts: (B,) gamma**k for the k steps actually taken, float_dtype.
-    """
-
-    obs: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
-    next_obs: torch.Tensor
-    dones: torch.Tensor
-    discounts: torch.Tensor
-
-
-def _numpy_dtype(dtype: Any, what: str) -> np.dtype:
-    """The numpy dtype for a numpy or torch dtype (``ValueError`` if numpy has none)."""
-    if isinstance(dtype, torch.dtype):
-        try:
-            return torch.empty((), dtype=dtype).numpy().dtype
-        except TypeError as err:  # bfloat16 and friends have no numpy twin
-            raise ValueError(f"{what}: dtype {dtype} has no numpy equivalent") from err
-    try:
-        return np.dtype(dtype)
-    except TypeError as err:
-        raise ValueError(f"{what}: expected a numpy or torch dtype, got {dtype!r}") from err
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-
-
-def _as_numpy(x: Any, name: str) -> np.ndarray:
-    """A numpy view of ``x`` (numpy array, tensor on any device, or array-like)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, torch.Tensor):
-        try:
-            return x.detach().cpu().numpy()
-        except TypeError as err:
-            raise ValueError(f"{name}: tensor dtype {x.dtype} has no numpy equivalent") from err
-    return np.asarray(x)
-
-
-def _normalize_device(device: torch.device | str) -> torch.device:
-    """``torch.device`` with an explicit index for CUDA, so "cuda" and "cuda:0" compare equal."""
-    dev = torch.device(device)
-    if _is_cuda(dev) and dev.index is None:
-        dev = torch.device(dev.type, torch.cuda.current_device())
-    return dev
-
-
-def _is_cuda(dev: torch.device) -> bool:
-    # A type test, not a placement: pinning and streams exist only for CUDA targets.
-    return dev.type == "cuda"
-
-
-def config_state(buffer: Any) -> dict[str, Any]:
-    """The configuration a buffer's state_dict records and a loading buffer must match."""
-    return {
-        "capacity": buffer.capacity,
-        "obs_shape": list(buffer.obs_shape),
-        "n_step": buffer.n_step,
-        "gamma": buffer.gamma,
-        "num_envs": buffer.num_envs,
-    }
-
-
-def check_config_state(buffer: Any, state: dict[str, Any]) -> None:
-    """ValueError unless ``state`` was saved by a buffer configured like ``buffer``."""
-    for key, want in config_state(buffer).items():
-        if key not in state:
-            raise ValueError(f"replay state_dict: missing {key!r}")
-        got = list(state[key]) if key == "obs_shape" else state[key]
-        if got != want:
-            raise ValueError(f"replay state_dict: {key} is {got}, this buffer has {want}")
-
-
-def check_arguments(
-    capacity: Any, obs_shape: Any, n_step: Any, gamma: Any, num_envs: Any, float_dtype: Any
-) -> tuple[int, ...]:
-    """The constructor checks every buffer shares; returns ``obs_shape`` as a tuple of ints."""
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
-        raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
-        raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-    if not (0.0 < float(gamma) <= 1.0):
-        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
-    try:
-        obs_shape = tuple(int(d) for d in obs_shape)
-    except TypeError as err:
-        raise ValueError(f"obs_shape must be a tuple of ints, got {obs_shape!r}") from err
-    if any(d <= 0 for d in obs_shape):
-        raise ValueError(f"obs_shape must have positive sizes, got {obs_shape}")
-    if float_dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"float_dtype must be one of {_FLOAT_DTYPES}, got {float_dtype!r}")
-    return obs_shape
-
-
-def check_explored(explored: Any, num_envs: int) -> np.ndarray | None:
-    """``add``'s ``explored`` as a (num_envs,) bool array, None if none is marked."""
-    if explored is None:
-        return None
-    explored = np.asarray(explored)
-    if explored.shape != (num_envs,) or explored.dtype != np.bool_:
-        raise ValueError(
-            f"explored: expected a bool array of shape ({num_envs},), "
-            f"got {explored.dtype} {explored.shape}"
-        )
-    return explored if explored.any() else None
-
-
-def check_step(
-    step: tuple[Any, Any, Any, Any, Any, Any],
-    obs_shape: tuple[int, ...],
-    obs_dtype: np.dtype,
-    num_envs: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(obs, actions, rewards, next_obs, terminated, truncated)`` of one vector-env step
-    as numpy arrays, or ValueError naming what was expected and what came.
-
-    ``obs_shape`` is the batch shape ``(num_envs, *obs_shape)``; shared by every buffer.
-    """
-    obs, actions, rewards, next_obs, terminated, truncated = step
-
-    def frames(x: Any, name: str) -> np.ndarray:
-        x = _as_numpy(x, name)
-        if x.shape != obs_shape:
-            raise ValueError(
-                f"{name}: expected shape {obs_shape} (num_envs, *obs_shape), got {tuple(x.shape)}"
-            )
-        if x.dtype != obs_dtype:
-            raise ValueError(f"{name}: expected dtype {obs_dtype}, got {x.dtype}")
-        return x
-
-    def vector(x: Any, name: str, kinds: str) -> np.ndarray:
-        x = _as_numpy(x, name)
-        if x.shape != (num_envs,):
-            raise ValueError(
-                f"{name}: expected shape ({num_envs},) (num_envs,), got {tuple(x.shape)}"
-            )
-        if x.dtype.kind not in kinds:
-            raise ValueError(f"{name}: expected {_KIND_NAMES[kinds]} dtype, got {x.dtype}")
-        return x
-
-    return (
-        frames(obs, "obs"),
-        vector(actions, "actions", "iu"),
-        vector(rewards, "rewards", "fiub"),
-        frames(next_obs, "next_obs"),
-        vector(terminated, "terminated", "biu"),
-        vector(truncated, "truncated", "biu"),
-    )
-
-
-class _PinnedSlots:
-    """``slots`` sets of pinned host tensors, reused round-robin (CUDA only).
-
-    A set is handed out again only after the CUDA event recorded behind the last
-    copy out of it has completed: a non-blocking copy reads the pinned memory after
-    the host has moved on, so overwriting it earlier would corrupt that copy.
-    """
-
-    def __init__(self, specs: list[tuple[tuple[int, ...], torch.dtype]], slots: int = 2) -> None:
-        self.tensors = [
-            tuple(torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in specs)
-            for _ in range(slots)
-        ]
-        # numpy views of the same pinned memory, for cheap host-side writes.
-        self.arrays = [tuple(t.numpy() for t in group) for group in self.tensors]
-        self.events = [torch.cuda.Event() for _ in range(slots)]
-        self.next = 0
-
-    def acquire(self) -> int:
-        """Index of the next free set; blocks only while a copy out of it is in flight."""
-        slot = self.next
-        # Returns at once for an event never recorded.
-        self.events[slot].synchronize()
-        self.next = (slot + 1) % len(self.tensors)
-        return slot
-
-    def release(self, slot: int, stream: torch.cuda.Stream) -> None:
-        """Mark the set busy until the copies just enqueued on ``stream`` have run."""
-        self.events[slot].record(stream)
-
-    def wait_all(self) -> None:
-        for event in self.events:
-            event.synchronize()
-
 
 class ReplayBuffer:
     """Uniform experience replay with n-step returns for a vector env.
@@ -293,18 +108,18 @@ class ReplayBuffer:
         self.gamma = float(gamma)
         self.num_envs = num_envs
         self.float_dtype = float_dtype
-        self.device = _normalize_device(device)
-        self.storage_device = _normalize_device(storage_device)
+        self.device = normalize_device(device)
+        self.storage_device = normalize_device(storage_device)
 
         # The dtype add() accepts, and the dtype observations are stored in: float
         # observations go straight to float_dtype so that sample() never casts.
-        self._obs_in_dtype = _numpy_dtype(obs_dtype, "obs_dtype")
+        self._obs_in_dtype = numpy_dtype(obs_dtype, "obs_dtype")
         if np.issubdtype(self._obs_in_dtype, np.floating):
             self.obs_dtype = float_dtype
         else:
-            self.obs_dtype = _torch_dtype(self._obs_in_dtype)
+            self.obs_dtype = torch_dtype(self._obs_in_dtype)
         self._obs_in_shape = (num_envs, *obs_shape)
-        np_obs = _numpy_dtype(self.obs_dtype, "obs_dtype")
+        np_obs = numpy_dtype(self.obs_dtype, "obs_dtype")
 
         # Ring storage, allocated once. Field order = Batch order. torch.empty: pages of
         # a CPU buffer are only touched (committed) as the ring fills.
@@ -322,13 +137,13 @@ class ReplayBuffer:
 
         # Host-side writes: straight into the storage through numpy views on CPU; into
         # pinned staging rows (then one non-blocking copy per field) for GPU storage.
-        self._write_slots: _PinnedSlots | None = None
+        self._write_slots: PinnedSlots | None = None
         if self.storage_device.type == "cpu":
             self._host: tuple[np.ndarray, ...] | None = tuple(t.numpy() for t in self._fields)
-        elif _is_cuda(self.storage_device):
+        elif is_cuda(self.storage_device):
             self._host = None
             max_rows = num_envs * n_step  # the most transitions one add() can finish
-            self._write_slots = _PinnedSlots(
+            self._write_slots = PinnedSlots(
                 [((max_rows, *t.shape[1:]), t.dtype) for t in self._fields]
             )
             self._staged = 0  # rows staged by the add() in progress
@@ -339,30 +154,13 @@ class ReplayBuffer:
             )
 
         # Sampling path. Pinned staging only for a CPU ring feeding a CUDA learner.
-        self._pinned = self.storage_device.type == "cpu" and _is_cuda(self.device)
+        self._pinned = self.storage_device.type == "cpu" and is_cuda(self.device)
         self._moves = not self._pinned and self.storage_device != self.device
-        self._sample_slots: _PinnedSlots | None = None  # allocated on first sample
+        self._sample_slots: PinnedSlots | None = None  # allocated on first sample
         self._copy_stream = torch.cuda.Stream(self.device) if self._pinned else None
 
-        # n-step windows, one per env (host side). Slot of step t is t % n_step for
-        # every env, because every add() carries one step of each env.
-        self._t = 0
-        self._win_obs = np.zeros((num_envs, n_step, *obs_shape), dtype=np_obs)
-        self._win_act = np.zeros((num_envs, n_step), dtype=np.int64)
-        self._win_rew = np.zeros((num_envs, n_step), dtype=np.float64)
-        # Step index (self._t) at which each env's current episode began: its episode
-        # length is self._t - start, with nothing to update per step. _last_start is
-        # max(start) as a Python int, so the steady state needs no array test.
-        self._ep_start = np.zeros(num_envs, dtype=np.int64)
-        self._last_start = 0
-        pows = self.gamma ** np.arange(n_step + 1, dtype=np.float64)
-        self._gamma_pows = pows  # gamma**k, k = 0..n_step
-        # _ret_weights[s] @ window rewards = n-step return of the window whose newest
-        # step sits in slot s (so its oldest in slot (s + 1) % n).
-        slots = np.arange(n_step)
-        self._ret_weights = np.stack(
-            [pows[(slots - (s + 1)) % n_step] for s in range(n_step)]
-        )  # (n_step, n_step)
+        # n-step windows, one per env (host side), emitting finished transitions here.
+        self._windows = NStepWindows(num_envs, n_step, self.gamma, obs_shape, np_obs, self._emit)
 
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
@@ -422,103 +220,9 @@ class ReplayBuffer:
         if self._write_slots is not None:  # GPU storage: stage rows, copy once at the end
             self._stage_slot = self._write_slots.acquire()
             self._staged = 0
-        if self.n_step == 1:
-            self._emit(obs, actions, rewards, next_obs, terminated, self.gamma)
-        else:
-            if explored is not None:
-                self._cut(obs, explored)
-            self._add_nstep(obs, actions, rewards, next_obs, terminated, truncated)
+        self._windows.push(obs, actions, rewards, next_obs, terminated, truncated, explored)
         if self._write_slots is not None:
             self._commit_staged()
-
-    def _add_nstep(
-        self,
-        obs: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        next_obs: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-    ) -> None:
-        n = self.n_step
-        s = self._t % n  # window slot of this step, the same for every env
-        self._t += 1
-        self._win_obs[:, s] = obs
-        self._win_act[:, s] = actions
-        self._win_rew[:, s] = rewards
-
-        # Windows holding n steps finish their oldest transition (started n-1 steps
-        # ago, in slot (s + 1) % n). With terminated set it is also the longest
-        # window of an ending episode, so dones=terminated is right for it.
-        oldest = (s + 1) % n
-        if self._t - self._last_start >= n:  # every env's episode is >= n steps long
-            n_full = self.num_envs
-        else:
-            full = self._ep_start <= self._t - n  # (E,) episode length >= n
-            n_full = np.count_nonzero(full)  # (count_nonzero: ~3x cheaper than any/all)
-        if n_full == self.num_envs:
-            ret = self._win_rew @ self._ret_weights[s]  # (E,)
-            self._emit(
-                self._win_obs[:, oldest],
-                self._win_act[:, oldest],
-                ret,
-                next_obs,
-                terminated,
-                self._gamma_pows[n],
-            )
-        elif n_full:
-            envs = full.nonzero()[0]
-            ret = self._win_rew[envs] @ self._ret_weights[s]
-            self._emit(
-                self._win_obs[envs, oldest],
-                self._win_act[envs, oldest],
-                ret,
-                next_obs[envs],
-                terminated[envs],
-                self._gamma_pows[n],
-            )
-
-        # An episode end flushes the shorter windows left (episode ends are rare, so a
-        # loop over the ending envs is cheap).
-        ended = terminated | truncated
-        if np.count_nonzero(ended):
-            for env in ended.nonzero()[0]:
-                self._flush_env(int(env), s, next_obs[env], bool(terminated[env]))
-            self._last_start = self._t
-
-    def _cut(self, obs: np.ndarray, explored: np.ndarray) -> None:
-        """End the pending windows of the explored envs before this step, at ``obs``."""
-        last = (self._t - 1) % self.n_step  # the slot of the previous step
-        for env in explored.nonzero()[0]:  # at least one: check_explored gives None for none
-            self._flush_env(int(env), last, obs[env], terminated=False)
-        self._last_start = self._t  # their next windows start with this step
-
-    def _flush_env(self, env: int, s: int, final_obs: np.ndarray, terminated: bool) -> None:
-        """Emit env's pending windows shorter than n, which end at the step in slot s (its
-        episode ended there, or a random action follows it: ``_cut``)."""
-        n = self.n_step
-        ep_len = self._t - int(self._ep_start[env])
-        m = min(ep_len, n - 1)  # a full window was emitted already
-        self._ep_start[env] = self._t  # the next episode starts with the next step
-        if m == 0:
-            return
-        # The window started j steps ago (j = 0..m-1) covers k = j + 1 steps:
-        # G_j = r[s - j] + gamma * G_{j-1}, built from the newest step backwards.
-        rew = self._win_rew[env]
-        returns = np.empty(m, dtype=np.float64)
-        g = 0.0
-        for j in range(m):
-            g = rew[(s - j) % n] + self.gamma * g
-            returns[j] = g
-        slots = (s - np.arange(m)) % n
-        self._emit(
-            self._win_obs[env, slots],
-            self._win_act[env, slots],
-            returns,
-            np.broadcast_to(final_obs, (m, *self.obs_shape)),
-            terminated,
-            self._gamma_pows[1 : m + 1],
-        )
 
     def _emit(
         self,
@@ -646,7 +350,7 @@ class ReplayBuffer:
             if slots is not None:
                 slots.wait_all()  # never drop a slot a copy may still read
             # Pinned once per batch size (the learner uses one size), never per batch.
-            self._sample_slots = slots = _PinnedSlots(
+            self._sample_slots = slots = PinnedSlots(
                 [((batch_size, *t.shape[1:]), t.dtype) for t in self._fields]
             )
         slot = slots.acquire()  # waits only if this slot's previous copy is in flight
@@ -689,12 +393,8 @@ class ReplayBuffer:
             **config_state(self),
             "pos": self._pos,
             "size": size,
-            "t": self._t,
             **ring,
-            "window_obs": torch.from_numpy(self._win_obs.copy()),
-            "window_actions": torch.from_numpy(self._win_act.copy()),
-            "window_rewards": torch.from_numpy(self._win_rew.copy()),
-            "episode_steps": torch.from_numpy(self._t - self._ep_start),
+            **self._windows.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -713,29 +413,11 @@ class ReplayBuffer:
                 )
             if src.shape[0] < size:
                 raise ValueError(f"replay state_dict: {name} has {src.shape[0]} rows < {size}")
-        windows = {
-            "window_obs": self._win_obs,
-            "window_actions": self._win_act,
-            "window_rewards": self._win_rew,
-            "episode_steps": self._ep_start,  # stored as lengths, kept as start steps
-        }
-        for name, arr in windows.items():
-            if tuple(state[name].shape) != arr.shape:
-                raise ValueError(
-                    f"replay state_dict: {name} has shape {tuple(state[name].shape)}, "
-                    f"expected {arr.shape}"
-                )
+        self._windows.check_state(state)
         if self._write_slots is not None:
             self._write_slots.wait_all()
         for name, t in zip(names, self._fields, strict=True):
             t[:size].copy_(state[name][:size])
-        for name, arr in windows.items():
-            arr[...] = state[name].cpu().numpy()
+        self._windows.load_state_dict(state)
         self._pos = int(state["pos"]) % self.capacity
         self._size = size
-        self._t = int(state["t"])
-        self._ep_start[:] = self._t - self._ep_start  # episode lengths -> start steps
-        self._last_start = int(self._ep_start.max())
-
-
-_KIND_NAMES = {"iu": "an integer", "fiub": "a numeric", "biu": "a bool or integer"}

@@ -41,6 +41,7 @@ from agent.learner import Learner, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.replay import ReplayBuffer
+from agent.replay_base import Replay
 from agent.signals import StopSignals
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
@@ -112,7 +113,7 @@ class Agent:
 
     q_network: QNetwork
     target_network: QNetwork
-    replay: ReplayBuffer | FrameReplayBuffer
+    replay: Replay
     selector: ActionSelector
     """Acting: greedy on the noisy net (or on the mean weights, for epsilon-greedy)."""
     greedy: ActionSelector
@@ -512,7 +513,7 @@ def log_training(run: Run, monitor: Monitor, step: int) -> None:
 
 def exploration_probe(
     q_network: QNetwork,
-    replay: ReplayBuffer | FrameReplayBuffer,
+    replay: Replay,
     batch_size: int,
     seed: int,
     noisy: bool,

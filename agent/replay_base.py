@@ -1,0 +1,260 @@
+"""What both replay buffers share (:mod:`agent.replay`, :mod:`agent.frame_replay`): the
+sampled :class:`Batch`, the checks of their arguments and steps, dtype and device
+helpers, and the pinned staging slots of a CUDA learner."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import torch
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "Batch",
+    "PinnedSlots",
+    "Replay",
+    "as_numpy",
+    "check_arguments",
+    "check_config_state",
+    "check_explored",
+    "check_step",
+    "config_state",
+    "is_cuda",
+    "normalize_device",
+    "numpy_dtype",
+    "torch_dtype",
+]
+
+# Float dtypes the buffer can return: they need a numpy twin, because the host side
+# (n-step windows, writes into CPU storage) works through numpy views.
+FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+class Batch(NamedTuple):
+    """One sampled batch; every field is a tensor on the buffer's ``device``.
+
+    obs, next_obs: (B, *obs_shape), stored dtype (uint8 stays uint8; float obs in float_dtype).
+    actions: (B,) int64.
+    rewards: (B,) discounted k-step return, float_dtype.
+    dones: (B,) 1.0 only if the episode terminated within the k steps, float_dtype.
+    discounts: (B,) gamma**k for the k steps actually taken, float_dtype.
+    """
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_obs: torch.Tensor
+    dones: torch.Tensor
+    discounts: torch.Tensor
+
+
+class Replay(Protocol):
+    """The interface both replay buffers implement: what the training loop, checkpoints
+    and the exploration probe use."""
+
+    capacity: int
+    n_step: int
+    device: torch.device
+    storage_device: torch.device
+
+    def __len__(self) -> int: ...
+
+    def add(
+        self,
+        obs: Any,
+        actions: Any,
+        rewards: Any,
+        next_obs: Any,
+        terminated: Any,
+        truncated: Any,
+        explored: np.ndarray | None = None,
+    ) -> None:
+        """One step of every env; finished n-step transitions are stored."""
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
+        """``batch_size`` stored transitions, uniformly with replacement, on ``device``."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def numpy_dtype(dtype: Any, what: str) -> np.dtype:
+    """The numpy dtype for a numpy or torch dtype (``ValueError`` if numpy has none)."""
+    if isinstance(dtype, torch.dtype):
+        try:
+            return torch.empty((), dtype=dtype).numpy().dtype
+        except TypeError as err:  # bfloat16 and friends have no numpy twin
+            raise ValueError(f"{what}: dtype {dtype} has no numpy equivalent") from err
+    try:
+        return np.dtype(dtype)
+    except TypeError as err:
+        raise ValueError(f"{what}: expected a numpy or torch dtype, got {dtype!r}") from err
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+def as_numpy(x: Any, name: str) -> np.ndarray:
+    """A numpy view of ``x`` (numpy array, tensor on any device, or array-like)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, torch.Tensor):
+        try:
+            return x.detach().cpu().numpy()
+        except TypeError as err:
+            raise ValueError(f"{name}: tensor dtype {x.dtype} has no numpy equivalent") from err
+    return np.asarray(x)
+
+
+def normalize_device(device: torch.device | str) -> torch.device:
+    """``torch.device`` with an explicit index for CUDA, so "cuda" and "cuda:0" compare equal."""
+    dev = torch.device(device)
+    if is_cuda(dev) and dev.index is None:
+        dev = torch.device(dev.type, torch.cuda.current_device())
+    return dev
+
+
+def is_cuda(dev: torch.device) -> bool:
+    # A type test, not a placement: pinning and streams exist only for CUDA targets.
+    return dev.type == "cuda"
+
+
+def config_state(buffer: Any) -> dict[str, Any]:
+    """The configuration a buffer's state_dict records and a loading buffer must match."""
+    return {
+        "capacity": buffer.capacity,
+        "obs_shape": list(buffer.obs_shape),
+        "n_step": buffer.n_step,
+        "gamma": buffer.gamma,
+        "num_envs": buffer.num_envs,
+    }
+
+
+def check_config_state(buffer: Any, state: dict[str, Any]) -> None:
+    """ValueError unless ``state`` was saved by a buffer configured like ``buffer``."""
+    for key, want in config_state(buffer).items():
+        if key not in state:
+            raise ValueError(f"replay state_dict: missing {key!r}")
+        got = list(state[key]) if key == "obs_shape" else state[key]
+        if got != want:
+            raise ValueError(f"replay state_dict: {key} is {got}, this buffer has {want}")
+
+
+def check_arguments(
+    capacity: Any, obs_shape: Any, n_step: Any, gamma: Any, num_envs: Any, float_dtype: Any
+) -> tuple[int, ...]:
+    """The constructor checks every buffer shares; returns ``obs_shape`` as a tuple of ints."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
+        raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    if not (0.0 < float(gamma) <= 1.0):
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+    try:
+        obs_shape = tuple(int(d) for d in obs_shape)
+    except TypeError as err:
+        raise ValueError(f"obs_shape must be a tuple of ints, got {obs_shape!r}") from err
+    if any(d <= 0 for d in obs_shape):
+        raise ValueError(f"obs_shape must have positive sizes, got {obs_shape}")
+    if float_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"float_dtype must be one of {FLOAT_DTYPES}, got {float_dtype!r}")
+    return obs_shape
+
+
+def check_explored(explored: Any, num_envs: int) -> np.ndarray | None:
+    """``add``'s ``explored`` as a (num_envs,) bool array, None if none is marked."""
+    if explored is None:
+        return None
+    explored = np.asarray(explored)
+    if explored.shape != (num_envs,) or explored.dtype != np.bool_:
+        raise ValueError(
+            f"explored: expected a bool array of shape ({num_envs},), "
+            f"got {explored.dtype} {explored.shape}"
+        )
+    return explored if explored.any() else None
+
+
+def check_step(
+    step: tuple[Any, Any, Any, Any, Any, Any],
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype,
+    num_envs: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(obs, actions, rewards, next_obs, terminated, truncated)`` of one vector-env step
+    as numpy arrays, or ValueError naming what was expected and what came.
+
+    ``obs_shape`` is the batch shape ``(num_envs, *obs_shape)``; shared by every buffer.
+    """
+    obs, actions, rewards, next_obs, terminated, truncated = step
+
+    def frames(x: Any, name: str) -> np.ndarray:
+        x = as_numpy(x, name)
+        if x.shape != obs_shape:
+            raise ValueError(
+                f"{name}: expected shape {obs_shape} (num_envs, *obs_shape), got {tuple(x.shape)}"
+            )
+        if x.dtype != obs_dtype:
+            raise ValueError(f"{name}: expected dtype {obs_dtype}, got {x.dtype}")
+        return x
+
+    def vector(x: Any, name: str, kinds: str) -> np.ndarray:
+        x = as_numpy(x, name)
+        if x.shape != (num_envs,):
+            raise ValueError(
+                f"{name}: expected shape ({num_envs},) (num_envs,), got {tuple(x.shape)}"
+            )
+        if x.dtype.kind not in kinds:
+            raise ValueError(f"{name}: expected {KIND_NAMES[kinds]} dtype, got {x.dtype}")
+        return x
+
+    return (
+        frames(obs, "obs"),
+        vector(actions, "actions", "iu"),
+        vector(rewards, "rewards", "fiub"),
+        frames(next_obs, "next_obs"),
+        vector(terminated, "terminated", "biu"),
+        vector(truncated, "truncated", "biu"),
+    )
+
+
+class PinnedSlots:
+    """``slots`` sets of pinned host tensors, reused round-robin (CUDA only).
+
+    A set is handed out again only after the CUDA event recorded behind the last
+    copy out of it has completed: a non-blocking copy reads the pinned memory after
+    the host has moved on, so overwriting it earlier would corrupt that copy.
+    """
+
+    def __init__(self, specs: list[tuple[tuple[int, ...], torch.dtype]], slots: int = 2) -> None:
+        self.tensors = [
+            tuple(torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in specs)
+            for _ in range(slots)
+        ]
+        # numpy views of the same pinned memory, for cheap host-side writes.
+        self.arrays = [tuple(t.numpy() for t in group) for group in self.tensors]
+        self.events = [torch.cuda.Event() for _ in range(slots)]
+        self.next = 0
+
+    def acquire(self) -> int:
+        """Index of the next free set; blocks only while a copy out of it is in flight."""
+        slot = self.next
+        # Returns at once for an event never recorded.
+        self.events[slot].synchronize()
+        self.next = (slot + 1) % len(self.tensors)
+        return slot
+
+    def release(self, slot: int, stream: torch.cuda.Stream) -> None:
+        """Mark the set busy until the copies just enqueued on ``stream`` have run."""
+        self.events[slot].record(stream)
+
+    def wait_all(self) -> None:
+        for event in self.events:
+            event.synchronize()
+
+
+KIND_NAMES = {"iu": "an integer", "fiub": "a numeric", "biu": "a bool or integer"}
