@@ -24,11 +24,8 @@ from typing import Any, NoReturn
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 
-# numpy's OpenBLAS (the CPU acting path and evaluation run numpy matmuls) starts a
-# thread per core for matrices of ~64 rows and up; beside other busy processes (a
-# sweep, parallel seeds) that made small products many times slower (docs/research/log.md).
-# One thread, like torch_threads. Set before numpy is first imported (here, lazily);
-# an explicit setting in the environment wins.
+# One BLAS thread for numpy's small matmuls (acting, evaluation), set before numpy is
+# imported: a thread per core is many times slower beside other busy processes.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 

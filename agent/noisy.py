@@ -34,10 +34,8 @@ __all__ = [
     "set_noise",
 ]
 
-# The noisy forward of a batch of at most this many rows through a layer of at least
-# this many weights uses the factorised form (bench/noisy_forward.py measures where it
-# pays: one observation through a large layer, like the Nature-CNN head when acting
-# in one env; at more rows or in smaller layers the two matmuls cost more).
+# One observation through a large layer (the Nature-CNN head, acting in one env) takes
+# the factorised form; elsewhere the two extra matmuls cost more (bench/noisy_forward.py).
 FACTORISED_MAX_ROWS = 1
 FACTORISED_MIN_WEIGHTS = 1 << 17
 
@@ -87,10 +85,8 @@ class NoisyLinear(nn.Module):
         self.weight_sigma = nn.Parameter(torch.empty(out_features, in_features, **factory))
         self.bias_mu = nn.Parameter(torch.empty(out_features, **factory))
         self.bias_sigma = nn.Parameter(torch.empty(out_features, **factory))
-        # The two noise factors f(eps_in), f(eps_out) share one buffer, so that one
-        # draw and one f() serve both (acting and every update reset the noise:
-        # fewer, larger ops are what CPU speed comes down to). Persistent, so that
-        # a saved network reproduces its last noisy forward exactly.
+        # f(eps_in) and f(eps_out) share one buffer: one draw and one f() serve both.
+        # Persistent, so that a saved network reproduces its last noisy forward.
         self.register_buffer("epsilon", torch.zeros(in_features + out_features, **factory))
         self.register_buffer("weight_epsilon", torch.zeros(out_features, in_features, **factory))
         self.reset_parameters()
