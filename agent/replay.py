@@ -14,9 +14,10 @@ The learner's only source of data. One :class:`ReplayBuffer` serves every device
   ``.pin_memory()``.
 
 n-step returns are accumulated at ``add`` time, per env, in a window of the last
-``n_step`` steps (host-side numpy, :mod:`agent.nstep`, shared with frame replay). A window that holds ``n_step`` steps emits its
-oldest transition; an episode end (terminated *or* truncated) flushes every pending
-window of that env, each with its own shorter length ``k``. The ring therefore holds
+``n_step`` steps (host-side numpy, :mod:`agent.nstep`, shared with frame replay). A
+window that holds ``n_step`` steps emits its oldest transition; an episode end
+(terminated *or* truncated) flushes every pending window of that env, each with its
+own shorter length ``k``. The ring therefore holds
 finished transitions only, and ``sample`` is a plain gather:
 
     target = rewards + discounts * (1 - dones) * Q_target(next_obs)
