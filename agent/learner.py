@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent.noisy import NoiseSnapshot, noise_switched, noisy_layers, set_noise
+from agent.noisy import NoiseBuffers, noise_switched, noisy_layers, set_noise
 from agent.numpy_grad import GradientSink, NumpyGrad
 from agent.optim import Adam
 
@@ -57,10 +57,10 @@ class Learner:
     noise is for acting only: updates run on the mean weights of both networks (no
     noise is drawn for them), so the sigmas receive no gradient and the acting noise
     keeps the scale it was initialised with.
-    The online network's noise buffers are put back as they were after the
-    update: the noise there is the acting noise, which belongs to the action
-    selector (held for ``noise_interval`` steps or a whole episode), and an
-    update in between must not replace it.
+    The online network's own noise buffers are never written by an update: the noise
+    there is the acting noise, which belongs to the action selector (held for
+    ``noise_interval`` steps or a whole episode); updates draw theirs into buffers of
+    their own (:class:`~agent.noisy.NoiseBuffers`).
     Metrics are summed on the device and only turned into floats by
     :meth:`metrics`, at the log interval.
 
@@ -112,13 +112,15 @@ class Learner:
         self.target_network.requires_grad_(False)
         # Found once (by type): the reset runs before every update.
         self.update_noise = update_noise
-        online = noisy_layers(q_network) if draws else []
-        self._noisy = [*online, *(noisy_layers(target_network) if draws else [])]
+        # The online network's own noise buffers hold the acting noise (the selector's):
+        # its updates draw into buffers of their own instead. The target never acts.
+        self.update_noise_buffers = NoiseBuffers(
+            q_network, noisy_layers(q_network) if draws else []
+        )
+        self._target_noisy = noisy_layers(target_network) if draws else []
         # Acting noise only: the online network's layers are switched to their mean
         # weights for each update and back after.
         self._mean_for_update = noisy_layers(q_network) if noise and update_noise == 0 else []
-        # Where the acting noise (the selector's) waits during an update.
-        self._acting_noise = NoiseSnapshot(online)
         params = list(q_network.parameters())
         # One fused kernel per step and one flat gradient buffer (agent/optim.py).
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)
@@ -151,14 +153,13 @@ class Learner:
     def _update(self, batch: BatchLike) -> torch.Tensor:
         if self._numpy is not None:
             return self._numpy.update(batch)
-        self._acting_noise.save()
-        for layer in self._noisy:  # online first, then target: independent draws
-            layer.reset_noise(scale=self.update_noise)
+        self.draw_update_noise()
         batch_size = batch.obs.shape[0]
 
         # One online forward over obs and next_obs together: half the per-call overhead
         # of two forwards, and the same noise for both halves (as in Rainbow).
-        q_both = self.q_network(torch.cat([batch.obs, batch.next_obs]))  # (2B, A)
+        obs_both = torch.cat([batch.obs, batch.next_obs])
+        q_both = self.update_noise_buffers.forward(obs_both)  # (2B, A)
         q, q_next_online = q_both[:batch_size], q_both[batch_size:].detach()
         with torch.no_grad():
             q_next_target = self.target_network(batch.next_obs)  # (B, A)
@@ -176,12 +177,18 @@ class Learner:
         if self.max_grad_norm is not None:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
-        self._acting_noise.restore()
 
         self._sums += torch.stack([loss.detach(), q_taken.detach().mean()])
         self._count += 1
         self.updates += 1
         return loss.detach()
+
+    def draw_update_noise(self) -> None:
+        """Fresh noise for an update: the online network's (into buffers of its own),
+        then the target's; independent draws, as in the NoisyNet paper."""
+        self.update_noise_buffers.draw(scale=self.update_noise)
+        for layer in self._target_noisy:
+            layer.reset_noise(scale=self.update_noise)
 
     @torch.no_grad()
     def sync_target(self) -> None:
@@ -243,7 +250,7 @@ class _NumpyUpdate:
             return None
         views = [g.detach().numpy() for g in optimizer.grads]
         sink = GradientSink(optimizer.params, views, optimizer.has_grad)
-        online = NumpyGrad.build(learner.q_network, sink)
+        online = NumpyGrad.build(learner.q_network, sink, learner.update_noise_buffers.tensors)
         target = NumpyGrad.build(learner.target_network)
         if online is None or target is None:
             return None
@@ -256,9 +263,7 @@ class _NumpyUpdate:
 
     def _update(self, batch: BatchLike) -> torch.Tensor:
         learner = self.learner
-        learner._acting_noise.save()
-        for layer in learner._noisy:  # online first, then target: as the autograd path
-            layer.reset_noise(scale=learner.update_noise)
+        learner.draw_update_noise()  # the same draws as the autograd path
         obs, next_obs = batch.obs.numpy(), batch.next_obs.numpy()
         actions = batch.actions.numpy()
         batch_size = len(actions)
@@ -297,7 +302,6 @@ class _NumpyUpdate:
             if scale < 1.0:
                 flat *= scale
         learner.optimizer.step()
-        learner._acting_noise.restore()
 
         self._sums[0] += loss
         self._sums[1] += q_taken.sum() / batch_size

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from agent.noisy import NoiseSnapshot, noise_disabled, noise_switched, noisy_layers
+from agent.noisy import NoiseBuffers, noise_disabled, noise_switched, noisy_layers
 
 __all__ = ["Monitor", "action_disagreement", "exploration_stats", "noise_stats", "q_gap"]
 
@@ -57,21 +57,17 @@ def _top_two_gap(q: torch.Tensor) -> torch.Tensor:
 def _noisy_greedy(
     q_network: nn.Module, obs: torch.Tensor, draws: int, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """Greedy actions under fresh noise, one sample per chunk; the noise state is restored."""
+    """Greedy actions under fresh noise, one sample per chunk, drawn into buffers of its
+    own: the layers' noise (the acting noise) is never written."""
     layers = noisy_layers(q_network)
     obs = obs.to(_device(q_network))
-    snapshot = NoiseSnapshot(layers)
-    snapshot.save()
-    try:
-        with noise_switched(layers, True):
-            actions = []
-            for chunk in obs.chunk(max(1, draws)):
-                for layer in layers:
-                    layer.reset_noise(generator)
-                actions.append(q_network(chunk).argmax(dim=1))
-            return torch.cat(actions)
-    finally:
-        snapshot.restore()  # in place: a captured graph keeps reading these buffers
+    noise = NoiseBuffers(q_network, layers)
+    with noise_switched(layers, True):
+        actions = []
+        for chunk in obs.chunk(max(1, draws)):
+            noise.draw(generator)
+            actions.append(noise.forward(chunk).argmax(dim=1))
+        return torch.cat(actions)
 
 
 @torch.no_grad()

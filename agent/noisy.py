@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "NoiseSnapshot",
+    "NoiseBuffers",
     "NoisyLinear",
+    "draw_noise",
     "noise_disabled",
     "noise_switched",
     "noisy_layers",
@@ -126,13 +127,7 @@ class NoisyLinear(nn.Module):
         layer costs more than the noise on a CPU.) ``scale`` multiplies the output
         factor, and so the weight and the bias noise alike (the same draws).
         """
-        eps = self.epsilon
-        eps.normal_(generator=generator)
-        sign = eps.sign()
-        eps.abs_().sqrt_().mul_(sign)  # f(x) = sgn(x) sqrt(|x|), in place
-        if scale != 1.0:
-            eps[self.in_features :].mul_(scale)
-        torch.outer(eps[self.in_features :], eps[: self.in_features], out=self.weight_epsilon)
+        draw_noise(self.epsilon, self.weight_epsilon, self.in_features, generator, scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.noise_enabled:
@@ -195,23 +190,55 @@ def noise_switched(layers: list[NoisyLinear], enabled: bool) -> Iterator[None]:
             layer.noise_enabled = was
 
 
-class NoiseSnapshot:
-    """Room to set the noise of some layers aside and put it back, in place.
+def draw_noise(
+    epsilon: torch.Tensor,
+    weight_epsilon: torch.Tensor,
+    in_features: int,
+    generator: torch.Generator | None = None,
+    scale: float = 1.0,
+) -> None:
+    """Factorised noise into ``epsilon`` (f(eps_in), then f(eps_out)) and ``weight_epsilon``
+    (their outer product), in place, with f(x) = sgn(x) sqrt(|x|); ``scale`` multiplies
+    the output factor."""
+    epsilon.normal_(generator=generator)
+    sign = epsilon.sign()
+    epsilon.abs_().sqrt_().mul_(sign)
+    if scale != 1.0:
+        epsilon[in_features:].mul_(scale)
+    torch.outer(epsilon[in_features:], epsilon[:in_features], out=weight_epsilon)
 
-    The noise in the online network's buffers is the acting noise; whoever draws other
-    noise into them (a learner update, a diagnostic) saves it first and restores it
-    after. Restoring copies into the same buffers, so their addresses (read by a
-    captured CUDA graph and the numpy views) stay valid. The room is allocated once.
+
+class NoiseBuffers:
+    """Noise of its own for some noisy layers of ``module``, used in place of theirs.
+
+    A learner update or a diagnostic draws here (:meth:`draw`, the same draws the layers
+    would make) and runs ``module`` on it (:meth:`forward`, through
+    ``torch.func.functional_call``), so the layers' own buffers, the acting noise that a
+    selector or a captured graph reads, are never written. ``tensors`` maps each layer to
+    its ``(epsilon, weight_epsilon)``, for a compiled forward that reads them directly.
     """
 
-    def __init__(self, layers: list[NoisyLinear]) -> None:
-        self._buffers = [b for layer in layers for b in (layer.epsilon, layer.weight_epsilon)]
-        self._saved = [torch.empty_like(b) for b in self._buffers]
+    def __init__(self, module: nn.Module, layers: list[NoisyLinear]) -> None:
+        self.module = module
+        self.layers = layers
+        self.tensors = {
+            layer: (torch.empty_like(layer.epsilon), torch.empty_like(layer.weight_epsilon))
+            for layer in layers
+        }
+        names = {layer: name for name, layer in module.named_modules()}
+        self.overrides: dict[str, torch.Tensor] = {}
+        for layer, (epsilon, weight_epsilon) in self.tensors.items():
+            prefix = f"{names[layer]}." if names[layer] else ""
+            self.overrides[prefix + "epsilon"] = epsilon
+            self.overrides[prefix + "weight_epsilon"] = weight_epsilon
 
-    def save(self) -> None:
-        if self._buffers:
-            torch._foreach_copy_(self._saved, self._buffers)
+    def draw(self, generator: torch.Generator | None = None, scale: float = 1.0) -> None:
+        """Fresh noise for every layer, in order."""
+        for layer, (epsilon, weight_epsilon) in self.tensors.items():
+            draw_noise(epsilon, weight_epsilon, layer.in_features, generator, scale)
 
-    def restore(self) -> None:
-        if self._buffers:
-            torch._foreach_copy_(self._buffers, self._saved)
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        """``module(*args)`` with this noise in the layers' place."""
+        if not self.overrides:
+            return self.module(*args)
+        return torch.func.functional_call(self.module, self.overrides, args)

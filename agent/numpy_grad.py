@@ -4,14 +4,13 @@ On a CPU, a DQN update of a small network costs mostly PyTorch's fixed cost per 
 and the autograd engine's per-node bookkeeping, not arithmetic (``bench/learner.py``;
 figures in docs/research/log.md). :class:`NumpyGrad` compiles a module's ``forward``
 once (traced with ``torch.fx``, the same tracer as the acting path's
-:class:`~agent.acting.numpy_forward.NumpyForward`, and its ops but the functional
-``leaky_relu`` and ``elu``, which are left to autograd) into a numpy program that keeps
-what the backward pass needs, and computes the parameters' gradients with one
-hand-written vector-Jacobian product per op, in reverse order (convolutions: PyTorch's
-own kernels, :class:`~agent.acting.numpy_forward.TorchConv2d`). Parameters, noise
-buffers and gradients are zero-copy numpy views of the live tensors, so optimizer
-steps, ``load_state_dict`` and ``reset_noise`` are seen with no copying, and the
-gradients land where the optimizer reads them.
+:class:`~agent.acting.numpy_forward.NumpyForward`, and the same ops) into a numpy
+program that keeps what the backward pass needs, and computes the parameters'
+gradients with one hand-written vector-Jacobian product per op, in reverse order
+(convolutions: PyTorch's own kernels, :class:`~agent.acting.numpy_forward.TorchConv2d`).
+Parameters, noise buffers and gradients are zero-copy numpy views of the live tensors,
+so optimizer steps, ``load_state_dict`` and ``reset_noise`` are seen with no copying,
+and the gradients land where the optimizer reads them.
 
 The contract, held by tests for every network ``QNetwork`` builds and for users'
 own modules: for the same parameters and noise, :meth:`NumpyGrad.forward` equals
@@ -25,7 +24,7 @@ values, other ops, parameters on another device) makes
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,15 +93,22 @@ def _view(t: torch.Tensor) -> Array:
 class _Linear:
     """``nn.Linear`` or ``NoisyLinear``: y = x W^T + b, W = mu + sigma * eps when noisy."""
 
-    def __init__(self, layer: nn.Module, sink: GradientSink | None) -> None:
+    def __init__(
+        self,
+        layer: nn.Module,
+        sink: GradientSink | None,
+        noise: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         self.layer = layer
         self.noisy = isinstance(layer, NoisyLinear)
         slot = sink.slot if sink is not None else (lambda p: None)
         if self.noisy:
             self.weight, self.bias = _view(layer.weight_mu), _view(layer.bias_mu)
             self.weight_sigma, self.bias_sigma = _view(layer.weight_sigma), _view(layer.bias_sigma)
-            self.weight_epsilon = _view(layer.weight_epsilon)
-            self.bias_epsilon = _view(layer.bias_epsilon)
+            # The layer's own noise, or buffers read in their place (NoiseBuffers).
+            epsilon, weight_epsilon = noise or (layer.epsilon, layer.weight_epsilon)
+            self.weight_epsilon = _view(weight_epsilon)
+            self.bias_epsilon = _view(epsilon[layer.in_features :])
             self.grad_slots = [
                 slot(p)
                 for p in (layer.weight_mu, layer.weight_sigma, layer.bias_mu, layer.bias_sigma)
@@ -210,6 +216,11 @@ _FUNCTIONS: dict[Any, tuple[Callable[..., Array], Callable[..., Array]]] = {
     F.sigmoid: _SIGMOID,
     F.silu: _SILU,
 }
+# Functions with a parameter: (its name, its default, the activation it makes).
+_PARAMETRIC: dict[Any, tuple[str, float, Callable[[float], tuple[Callable, Callable]]]] = {
+    F.leaky_relu: ("negative_slope", 0.01, _leaky_relu),
+    F.elu: ("alpha", 1.0, _elu),
+}
 _METHODS = {"relu": _RELU, "tanh": _TANH, "sigmoid": _SIGMOID}
 _ARITHMETIC: dict[Any, str] = {
     operator.add: "add",
@@ -279,24 +290,35 @@ class NumpyGrad:
         self.sink = sink
 
     @classmethod
-    def build(cls, module: nn.Module, sink: GradientSink | None = None) -> NumpyGrad | None:
+    def build(
+        cls,
+        module: nn.Module,
+        sink: GradientSink | None = None,
+        noise: Mapping[nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> NumpyGrad | None:
         """Trace and compile ``module``; ``None`` if any part is outside what compiles.
 
         ``sink``: where :meth:`backward` writes; ``None`` for a forward-only program
-        (a target network).
+        (a target network). ``noise``: ``(epsilon, weight_epsilon)`` to read instead of a
+        NoisyLinear's own buffers (:class:`~agent.noisy.NoiseBuffers`).
         """
         dtype = cpu_float_dtype(module)
         if dtype is None:
             return None
         try:
             graph = trace_leaves(module)
-            return cls._compile(module, graph, dtype, sink)
+            return cls._compile(module, graph, dtype, sink, noise or {})
         except Exception:  # a trace error, an unsupported node: autograd does it instead
             return None
 
     @classmethod
     def _compile(
-        cls, module: nn.Module, graph: fx.Graph, dtype: np.dtype, sink: GradientSink | None
+        cls,
+        module: nn.Module,
+        graph: fx.Graph,
+        dtype: np.dtype,
+        sink: GradientSink | None,
+        noise: Mapping[nn.Module, tuple[torch.Tensor, torch.Tensor]],
     ) -> NumpyGrad:
         slot: dict[fx.Node, int] = {}
         needs_grad: dict[int, bool] = {0: False}  # slot -> depends on a trainable parameter
@@ -334,7 +356,7 @@ class NumpyGrad:
                     slot[node] = out
                     continue
                 elif kind in (nn.Linear, NoisyLinear):
-                    layer = linears.setdefault(node.target, _Linear(sub, sink))
+                    layer = linears.setdefault(node.target, _Linear(sub, sink, noise.get(sub)))
                     trainable = any(i is not None for i in layer.grad_slots)
                     nodes.append(_linear_node(out, args, layer, needs_grad, sink))
                     needs_grad[out] = trainable or needs_grad[args[0]]
@@ -353,6 +375,15 @@ class NumpyGrad:
                 owned = _fresh_linear_output(module, node.args[0])
                 fns = _FUNCTIONS[node.target]
                 nodes.append(_activation_node(out, args, fns, needs_grad, owned))
+            elif node.op == "call_function" and node.target in _PARAMETRIC:
+                name, default, make = _PARAMETRIC[node.target]
+                kwargs = {k: v for k, v in node.kwargs.items() if k != "inplace"}
+                value = args[1] if len(args) > 1 else kwargs.pop(name, default)
+                if kwargs or len(args) > 2 or not isinstance(value, int | float):
+                    raise _Unsupported(f"{node.target} with {node.kwargs}")
+                owned = _fresh_linear_output(module, node.args[0])
+                nodes.append(_activation_node(out, args[:1], make(float(value)), needs_grad,
+                                              owned))  # fmt: skip
             elif node.op == "call_method" and node.target in _METHODS and len(args) == 1:
                 nodes.append(_activation_node(out, args, _METHODS[node.target], needs_grad))
             elif (node.op == "call_function" and node.target in _ARITHMETIC) or (

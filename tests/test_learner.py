@@ -351,3 +351,18 @@ def test_auto_backend_is_numpy_for_cpu_mlps_and_autograd_elsewhere() -> None:
         Learner(cnn, copy.deepcopy(cnn), lr=1e-3, backend="numpy")
     with pytest.raises(ValueError, match="backend must be"):
         _learner(backend="jax")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_update_never_writes_the_acting_noise(backend: str) -> None:
+    # The online network's own noise buffers belong to the selector: an update draws its
+    # noise into buffers of its own, so nothing is saved and put back (an in-place write
+    # would bump a buffer's version counter, even if it restored the values).
+    from agent.noisy import noisy_layers
+
+    learner = _learner(backend=backend)
+    acting = [b for layer in noisy_layers(learner.q_network) for b in layer.buffers()]
+    versions = [b._version for b in acting]
+    for seed in range(3):
+        learner.update(_batch(seed=seed))
+    assert [b._version for b in acting] == versions

@@ -122,3 +122,12 @@ def test_training_logs_the_exploration_scalars(tmp_path: Path) -> None:
     assert [e.step for e in disagreement] == [100, 200, 300]
     assert all(0.0 <= e.value <= 1.0 for e in disagreement)
     assert [e.step for e in acc.Scalars("exploration/q_gap")] == [100, 200, 300]
+
+
+def test_the_probe_draws_its_noise_without_writing_the_acting_noise() -> None:
+    torch.manual_seed(0)
+    q = QNetwork((4,), 3, (16,), noisy_layers="all")
+    acting = [b for layer in noisy_layers(q) for b in layer.buffers()]
+    versions = [b._version for b in acting]
+    action_disagreement(q, torch.randn(64, 4), draws=4, generator=torch.Generator())
+    assert [b._version for b in acting] == versions

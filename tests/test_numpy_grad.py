@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from agent.networks import QNetwork
@@ -116,8 +117,24 @@ class Residual(nn.Module):
         return -self.out(h).mul(0.5)
 
 
+class Functional(nn.Module):
+    """Activations called as functions, with and without their parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = NoisyLinear(4, 16)
+        self.l2 = nn.Linear(16, 16)
+        self.out = NoisyLinear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.leaky_relu(self.l1(x), 0.2)
+        h = F.elu(self.l2(h), alpha=0.5) + F.leaky_relu(h)
+        return self.out(F.silu(h))
+
+
 USER_MODULES = {
     "residual": Residual,
+    "functional": Functional,
     "activations": lambda: nn.Sequential(
         NoisyLinear(4, 16),
         nn.LeakyReLU(0.1),
