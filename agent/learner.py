@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Protocol
+import math
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -35,14 +36,61 @@ class Metrics(NamedTuple):
     updates: int
 
 
-def td_target(
-    rewards: torch.Tensor,
-    discounts: torch.Tensor,
-    dones: torch.Tensor,
-    next_q: torch.Tensor,
-) -> torch.Tensor:
-    """``r + gamma^k (1 - done) Q_target(s', a*)``: termination bootstraps nothing."""
+Array = TypeVar("Array", torch.Tensor, np.ndarray)
+
+
+def td_target(rewards: Array, discounts: Array, dones: Array, next_q: Array) -> Array:
+    """``r + gamma^k (1 - done) Q_target(s', a*)``: termination bootstraps nothing.
+    Tensors (the autograd backend) or numpy arrays (the numpy backend)."""
     return rewards + discounts * (1.0 - dones) * next_q
+
+
+class TDLoss:
+    """The TD loss, a mean over the batch: Huber with threshold ``delta``, or the squared
+    error. One definition for both backends: :meth:`torch` for autograd, :meth:`numpy`
+    with its gradient written out."""
+
+    def __init__(self, kind: Literal["huber", "mse"], delta: float = 1.0) -> None:
+        if kind not in ("huber", "mse"):
+            raise ValueError(f"loss must be huber or mse, got {kind!r}")
+        self.kind, self.delta = kind, delta
+
+    def torch(self, q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.kind == "huber":
+            return F.huber_loss(q_taken, target, delta=self.delta)
+        return F.mse_loss(q_taken, target)
+
+    def numpy(self, q_taken: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
+        """(the loss, its gradient with respect to ``q_taken``)."""
+        batch_size = len(q_taken)
+        diff = q_taken - target  # (B,)
+        if self.kind == "huber":
+            grad = np.minimum(np.maximum(diff, -self.delta), self.delta)  # clip(diff, -d, d)
+            # clip * (diff - clip / 2) is diff^2 / 2 inside [-d, d], d (|diff| - d / 2) outside
+            loss = np.dot(grad, diff - 0.5 * grad) / batch_size
+        else:
+            loss = np.dot(diff, diff) / batch_size
+            grad = 2.0 * diff
+        return loss, grad / batch_size
+
+
+class RunningMetrics:
+    """Sums of (TD loss, mean Q of the taken actions) since the last read, kept on the
+    device (a tensor; its numpy view for the numpy backend) and read at log time."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.sums = torch.zeros(2, device=device, dtype=dtype)
+        self.count = 0
+
+    def read(self) -> Metrics | None:
+        """Means since the last read (one host read), or None without updates."""
+        if self.count == 0:
+            return None
+        loss_sum, q_sum = self.sums.tolist()
+        count = self.count
+        self.sums.zero_()
+        self.count = 0
+        return Metrics(loss_sum / count, q_sum / count, count)
 
 
 class Learner:
@@ -95,13 +143,10 @@ class Learner:
             raise ValueError(f"backend must be auto, torch or numpy, got {backend!r}")
         if update_noise < 0:
             raise ValueError(f"update_noise must be >= 0, got {update_noise}")
-        if loss not in ("huber", "mse"):
-            raise ValueError(f"loss must be huber or mse, got {loss!r}")
         self.q_network = q_network
         self.target_network = target_network
         self.double_dqn = double_dqn
-        self.loss_name = loss
-        self.huber_delta = huber_delta
+        self.loss = TDLoss(loss, huber_delta)
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         draws = noise and update_noise > 0  # the updates run on noise of their own
@@ -126,9 +171,7 @@ class Learner:
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)
         self._online = params
         self._target = list(target_network.parameters())
-        # Running sums of (td_loss, mean Q of the taken actions), on the device.
-        self._sums = torch.zeros(2, device=params[0].device, dtype=params[0].dtype)
-        self._count = 0
+        self.running = RunningMetrics(params[0].device, params[0].dtype)
         self.updates = 0
         self._numpy = _NumpyUpdate.build(self) if backend != "torch" else None
         if backend == "numpy" and self._numpy is None:
@@ -137,11 +180,6 @@ class Learner:
                 "made of the layers agent/numpy_grad.py compiles"
             )
         self.backend: Literal["torch", "numpy"] = "numpy" if self._numpy else "torch"
-
-    def loss_fn(self, q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if self.loss_name == "huber":
-            return F.huber_loss(q_taken, target, delta=self.huber_delta)
-        return F.mse_loss(q_taken, target)
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
@@ -170,7 +208,7 @@ class Learner:
             next_q = q_next_target.gather(1, next_actions).squeeze(1)  # (B,)
             target = td_target(batch.rewards, batch.discounts, batch.dones, next_q)
         q_taken = q.gather(1, batch.actions.unsqueeze(1)).squeeze(1)  # (B,)
-        loss = self.loss_fn(q_taken, target)
+        loss = self.loss.torch(q_taken, target)
 
         self.optimizer.zero_grad()
         loss.backward()
@@ -178,8 +216,8 @@ class Learner:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
 
-        self._sums += torch.stack([loss.detach(), q_taken.detach().mean()])
-        self._count += 1
+        self.running.sums += torch.stack([loss.detach(), q_taken.detach().mean()])
+        self.running.count += 1
         self.updates += 1
         return loss.detach()
 
@@ -203,15 +241,12 @@ class Learner:
 
         Raises :class:`NonFiniteError` if the loss or the Q values stopped being finite.
         """
-        if self._count == 0:
-            return None
-        loss_sum, q_sum = self._sums.tolist()
-        count = self._count
-        self._sums.zero_()
-        self._count = 0
-        if not (torch.isfinite(torch.tensor([loss_sum, q_sum])).all()):
-            raise NonFiniteError(f"non-finite TD loss ({loss_sum / count}) or Q ({q_sum / count})")
-        return Metrics(loss_sum / count, q_sum / count, count)
+        metrics = self.running.read()
+        if metrics is not None and not math.isfinite(metrics.td_loss + metrics.q_values):
+            raise NonFiniteError(
+                f"non-finite TD loss ({metrics.td_loss}) or Q ({metrics.q_values})"
+            )
+        return metrics
 
     @torch.no_grad()
     def parameters_finite(self) -> bool:
@@ -240,13 +275,13 @@ class _NumpyUpdate:
         self.learner = learner
         self.online = online
         self.target = target
-        self._sums = learner._sums.numpy()  # the running metric sums, a view
+        self._sums = learner.running.sums.numpy()  # the running metric sums, a view
         self._flat_grad = learner.optimizer.flat_grad.numpy()  # every gradient, a view
 
     @classmethod
     def build(cls, learner: Learner) -> _NumpyUpdate | None:
         optimizer = learner.optimizer
-        if learner._sums.device.type != "cpu":
+        if learner.running.sums.device.type != "cpu":
             return None
         views = [g.detach().numpy() for g in optimizer.grads]
         sink = GradientSink(optimizer.params, views, optimizer.has_grad)
@@ -276,22 +311,12 @@ class _NumpyUpdate:
         q_next_target = self.target.forward(next_obs)  # (B, A)
         chooser = q_next_online if learner.double_dqn else q_next_target
         next_q = q_next_target[rows, chooser.argmax(axis=1)]  # (B,)
-        dones = batch.dones.numpy()
-        target = batch.rewards.numpy() + batch.discounts.numpy() * (1.0 - dones) * next_q
+        target = td_target(batch.rewards.numpy(), batch.discounts.numpy(),
+                           batch.dones.numpy(), next_q)  # fmt: skip
         q_taken = q[rows, actions]  # (B,)
-
-        # The loss (mean over the batch) and its gradient with respect to q.
-        diff = q_taken - target  # (B,)
-        if learner.loss_name == "huber":
-            delta = learner.huber_delta
-            grad_taken = np.minimum(np.maximum(diff, -delta), delta)  # clip(diff, -d, d)
-            # clip * (diff - clip / 2) is diff^2 / 2 inside [-d, d], d (|diff| - d / 2) outside
-            loss = np.dot(grad_taken, diff - 0.5 * grad_taken) / batch_size
-        else:
-            loss = np.dot(diff, diff) / batch_size
-            grad_taken = 2.0 * diff
+        loss, grad_taken = learner.loss.numpy(q_taken, target)
         grad_q = np.zeros_like(q)
-        grad_q[rows, actions] = grad_taken / batch_size
+        grad_q[rows, actions] = grad_taken
 
         learner.optimizer.zero_grad()
         self.online.backward(grad_q)
@@ -305,6 +330,6 @@ class _NumpyUpdate:
 
         self._sums[0] += loss
         self._sums[1] += q_taken.sum() / batch_size
-        learner._count += 1
+        learner.running.count += 1
         learner.updates += 1
         return torch.from_numpy(np.asarray(loss, dtype=q.dtype))

@@ -101,8 +101,8 @@ def check_graph(learner: Learner, graph: CapturedGraph) -> None:
     params_before = [p.detach().clone() for p in opt.params]
     # _steps: the per-parameter step counts on the device, which the fused Adam kernel reads.
     steps_before = opt._steps.clone()
-    sums_before = learner._sums.clone()
-    host_before = (learner.updates, learner._count, opt.step_count)
+    sums_before = learner.running.sums.clone()
+    host_before = (learner.updates, learner.running.count, opt.step_count)
     for _ in range(replays):
         graph.replay()
     torch.cuda.synchronize()
@@ -112,8 +112,8 @@ def check_graph(learner: Learner, graph: CapturedGraph) -> None:
     finite = all(bool(torch.isfinite(p).all()) for p in opt.params)
     steps_advanced = sorted({float(s) for s in (opt._steps - steps_before).tolist()})
     grad_norm = float(torch.linalg.vector_norm(opt.flat_grad))
-    sums_moved = bool((learner._sums != sums_before).any())
-    host_after = (learner.updates, learner._count, opt.step_count)
+    sums_moved = bool((learner.running.sums != sums_before).any())
+    host_after = (learner.updates, learner.running.count, opt.step_count)
     loss = graph.output
     ok = moved > 0 and finite and bool(torch.isfinite(loss).all()) and grad_norm > 0
     print(f"\nCUDA graph check after {replays} replays: {'OK' if ok else 'FAILED'}")
@@ -122,9 +122,10 @@ def check_graph(learner: Learner, graph: CapturedGraph) -> None:
     print(f"- gradients land in the optimizer's flat buffer (norm after replay {grad_norm:.3g}, "
           f"every .grad still a view of it: {grads_in_flat_buffer(opt)})")
     print(f"- Adam's device step counts advanced by {steps_advanced} (expected [{replays}.0])")
-    print(f"- metric sums (learner._sums, on the device) advanced: {sums_moved}")
+    print(f"- metric sums (learner.running.sums, on the device) advanced: {sums_moved}")
     print(f"- not done by replay: the host-side counters stay put (learner.updates, "
-          f"learner._count, optimizer.step_count: {host_before} before, {host_after} after), "
+          f"learner.running.count, optimizer.step_count: {host_before} before, "
+          f"{host_after} after), "
           "so learner.metrics() divides the replayed sums by a stale count, and "
           "optimizer.state_dict() (host step counts) disagrees with the device counts")
 

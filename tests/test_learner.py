@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import pytest
+import numpy as np
 import torch
 from conftest import DEVICES
 
@@ -55,13 +56,13 @@ def test_double_dqn_values_the_online_argmax_with_the_target_net() -> None:
             p.mul_(-1.0)
     batch = _batch(b=64)
     captured: dict[str, torch.Tensor] = {}
-    original = learner.loss_fn
+    original = learner.loss.torch
 
     def spy(q_taken: torch.Tensor, target_values: torch.Tensor) -> torch.Tensor:
         captured["target"] = target_values
         return original(q_taken, target_values)
 
-    learner.loss_fn = spy  # type: ignore[method-assign]
+    learner.loss.torch = spy  # type: ignore[method-assign]
     torch.manual_seed(5)
     learner.update(batch)
     # Recompute with the same noise draws: reset order is online then target.
@@ -366,3 +367,18 @@ def test_an_update_never_writes_the_acting_noise(backend: str) -> None:
     for seed in range(3):
         learner.update(_batch(seed=seed))
     assert [b._version for b in acting] == versions
+
+
+@pytest.mark.parametrize("kind", ["huber", "mse"])
+def test_the_td_loss_is_one_definition_for_both_backends(kind: str) -> None:
+    from agent.learner import TDLoss
+
+    loss = TDLoss(kind, delta=1.0)  # type: ignore[arg-type]
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(64, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    target = torch.randn(64, generator=g, dtype=torch.float64) * 3  # inside and outside delta
+    value = loss.torch(q, target)
+    value.backward()
+    value_np, grad_np = loss.numpy(q.detach().numpy(), target.numpy())
+    assert value_np == pytest.approx(value.detach().item(), rel=1e-12)
+    np.testing.assert_allclose(grad_np, q.grad.numpy(), rtol=1e-12, atol=1e-15)

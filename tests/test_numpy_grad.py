@@ -117,14 +117,9 @@ class Residual(nn.Module):
         return -self.out(h).mul(0.5)
 
 
-class Functional(nn.Module):
-    """Activations called as functions, with and without their parameters."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = NoisyLinear(4, 16)
-        self.l2 = nn.Linear(16, 16)
-        self.out = NoisyLinear(16, 3)
+class Functional(Residual):
+    """Residual's layers, with activations called as functions, with and without their
+    parameters."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.leaky_relu(self.l1(x), 0.2)

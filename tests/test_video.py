@@ -166,3 +166,16 @@ def test_unwritable_video_directory_is_one_line(
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1
     assert "cannot write videos" in lines[0]
+
+
+def test_video_takes_the_env_from_the_checkpoint_without_env(
+    tmp_path: Path, cartpole_checkpoint: Path, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("moviepy")
+    video_dir = tmp_path / "videos"
+    args = ["--eval", str(cartpole_checkpoint), "--episodes", "1", "--video", str(video_dir),
+            "--json", "--device", "cpu"]
+    assert cli.main(args) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["env"] == "CartPole-v1"
+    assert [v.name for v in video_dir.glob("*.mp4")] == ["rl-video-episode-0.mp4"]
