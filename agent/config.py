@@ -168,8 +168,8 @@ class Config:
     checkpoint_interval: int = 25_000
     """Environment steps between writes of checkpoints/last.pt."""
     capture_graph: bool = True
-    """On CUDA, capture action selection in a CUDA graph (false: act eagerly, e.g. where capture
-    misbehaves)."""
+    """On CUDA, capture action selection and the learner update as CUDA graphs, each
+    replayed every step (false: eager, e.g. where capture misbehaves)."""
 
     def validate(self) -> Config:
         """Raise :class:`UserError` on the first invalid value, naming the ``--set`` that

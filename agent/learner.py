@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, Protocol, TypeVar
+import warnings
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 from agent.noisy import NoiseBuffers, noise_switched, noisy_layers, set_noise
 from agent.numpy_grad import GradientSink, NumpyGrad
 from agent.optim import Adam
+from agent.replay_base import Batch
 
 __all__ = ["Learner", "NonFiniteError", "td_target"]
 
@@ -333,3 +335,98 @@ class _NumpyUpdate:
         learner.running.count += 1
         learner.updates += 1
         return torch.from_numpy(np.asarray(loss, dtype=q.dtype))
+
+
+class CapturedUpdate:
+    """``learner.update`` captured once and replayed for every batch (a CUDA graph on
+    CUDA; ``capture`` is the acting path's seam, :mod:`agent.acting.graph`).
+
+    Captured at the first call, with that batch's shapes: its tensors are copied into
+    static buffers before every replay, and the host-side counters (updates, the
+    metrics' count, the optimizer's step counts) advance as an eager update's would.
+    Capture leaves no trace: its warm-up updates are undone (networks, optimizer,
+    metrics and the random streams put back as they were), so a run takes the same
+    steps as with eager updates. The target sync (an in-place copy) and
+    ``load_state_dict`` (in place) are seen by the graph without re-capture.
+    """
+
+    def __init__(self, learner: Learner, capture: Any) -> None:
+        self.learner, self.capture = learner, capture
+        self.graph: Any = None
+        self.static: Batch | None = None
+        self._stepped: frozenset[int] = frozenset()
+
+    def __call__(self, batch: BatchLike) -> torch.Tensor:
+        if self.graph is None and self.capture is not None:
+            self._capture(batch)
+        if self.graph is None:  # capture failed: eager updates, the same steps
+            return self.learner.update(batch)
+        assert self.static is not None
+        for static, value in zip(self.static, _fields(batch), strict=True):
+            static.copy_(value, non_blocking=True)
+        learner = self.learner
+        updates, count = learner.updates, learner.running.count
+        steps, counts = learner.optimizer.host_counts
+        self.graph.replay()
+        # A graph replays device work only: the host's counts advance here, as one eager
+        # update would advance them (the CPU stand-in, which re-runs Python, included).
+        learner.updates, learner.running.count = updates + 1, count + 1
+        learner.optimizer.set_host_counts(
+            steps + 1, [c + (i in self._stepped) for i, c in enumerate(counts)]
+        )
+        return self.graph.output
+
+    def _capture(self, batch: BatchLike) -> None:
+        learner = self.learner
+        self.static = Batch(*(torch.empty_like(t).copy_(t) for t in _fields(batch)))
+        saved = _learner_state(learner)
+        try:
+            graph = self.capture(lambda _obs: learner.update(self.static), (self.static.obs,))
+        except Exception as e:  # an op that cannot be captured: say so, and go on eagerly
+            _restore_learner_state(learner, saved)
+            self.capture = None
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            warnings.warn(f"the learner update could not be captured as a CUDA graph "
+                          f"({reason}); it runs eagerly (--set capture_graph=false to "
+                          "skip the attempt)", RuntimeWarning, stacklevel=3)  # fmt: skip
+            return
+        # The capture's own update set which parameters get a gradient (frozen sigmas
+        # of a noise-free update get none): each replay steps exactly those.
+        self._stepped = frozenset(i for i, has in enumerate(learner.optimizer.has_grad) if has)
+        _restore_learner_state(learner, saved)
+        self.graph = graph
+
+
+def _fields(batch: BatchLike) -> tuple[torch.Tensor, ...]:
+    return (batch.obs, batch.actions, batch.rewards, batch.next_obs, batch.dones,
+            batch.discounts)  # fmt: skip
+
+
+def _learner_state(learner: Learner) -> dict[str, Any]:
+    """Everything an update changes, copied: networks, optimizer, metrics, RNG streams."""
+    nets = [learner.q_network, learner.target_network]
+    device = learner.running.sums.device
+    return {
+        "tensors": [t.detach().clone() for net in nets for t in (*net.parameters(),
+                                                                  *net.buffers())],
+        "optimizer": learner.optimizer.state_dict(),
+        "sums": learner.running.sums.clone(),
+        "counts": (learner.updates, learner.running.count),
+        "cpu_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+@torch.no_grad()
+def _restore_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
+    """Put :func:`_learner_state` back, in place (a captured graph reads these addresses)."""
+    nets = [learner.q_network, learner.target_network]
+    live = [t for net in nets for t in (*net.parameters(), *net.buffers())]
+    for tensor, value in zip(live, saved["tensors"], strict=True):
+        tensor.copy_(value)
+    learner.optimizer.load_state_dict(saved["optimizer"])
+    learner.running.sums.copy_(saved["sums"])
+    learner.updates, learner.running.count = saved["counts"]
+    torch.set_rng_state(saved["cpu_rng"])
+    if saved["cuda_rng"] is not None:
+        torch.cuda.set_rng_state(saved["cuda_rng"], learner.running.sums.device)

@@ -191,6 +191,16 @@ class Adam:
             denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(self.eps)
             p.addcdiv_(exp_avg, denom, value=-self.lr / bias_correction1)
 
+    @property
+    def host_counts(self) -> tuple[int, list[int]]:
+        """(steps taken, each parameter's steps): the host's copy of the step counts."""
+        return self.step_count, list(self._counts)
+
+    def set_host_counts(self, step_count: int, counts: list[int]) -> None:
+        """Set the host's step counts, as after steps that ran in a replayed CUDA graph
+        (whose device counts advanced there, with no Python running)."""
+        self.step_count, self._counts = step_count, list(counts)
+
     def state_dict(self) -> dict:
         """Tensors and plain numbers only (checkpoints load with ``weights_only=True``)."""
         return {

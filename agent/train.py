@@ -14,6 +14,7 @@ import dataclasses
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ import yaml
 from threadpoolctl import threadpool_limits
 
 from agent.acting import ActionSelector
+from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.checkpoint import (
     CheckpointWriteError,
     policy_checkpoint,
@@ -37,11 +39,11 @@ from agent.errors import UserError
 from agent.evaluate import Evaluator, json_ready
 from agent.exploration import Exploration
 from agent.frame_replay import FrameReplayBuffer
-from agent.learner import Learner, NonFiniteError
+from agent.learner import CapturedUpdate, Learner, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.replay import ReplayBuffer
-from agent.replay_base import Replay
+from agent.replay_base import Batch, Replay
 from agent.signals import StopSignals
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
@@ -119,6 +121,8 @@ class Agent:
     greedy: ActionSelector
     """Evaluation: greedy on the mean weights, one action per evaluation env."""
     learner: Learner
+    update: Callable[[Batch], torch.Tensor]
+    """``learner.update``, or on CUDA with ``capture_graph`` the same captured as a graph."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -196,7 +200,15 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         )
     except ValueError as e:  # learner_backend numpy where it does not apply (CUDA)
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
-    return Agent(q_network, target_network, replay, selector, greedy, learner)
+    capture = update_capture(device, cfg.capture_graph)
+    update = learner.update if capture is None else CapturedUpdate(learner, capture)
+    return Agent(q_network, target_network, replay, selector, greedy, learner, update)
+
+
+def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | None:
+    """How the learner update is captured: as a CUDA graph on CUDA with ``capture_graph``,
+    else not at all (eager updates)."""
+    return capture_cuda_graph if capture_graph and device.type == "cuda" else None
 
 
 def seed_everything(seed: int) -> None:
@@ -388,6 +400,7 @@ def train(
             run.envs, run.episodes, run.counters, run.obs, run.exploration
         )
         selector, replay, learner = run.agent.selector, run.agent.replay, run.agent.learner
+        update = run.agent.update
         monitor = Monitor(run.run_dir, cfg.total_steps, counters.global_step, progress)
         cleanup.callback(_close_quietly, monitor)  # flushes the events, whatever happens
         checkpoints = Checkpoints(run, lambda: run.wall_before + time.perf_counter() - wall_start)
@@ -434,7 +447,7 @@ def train(
             # --- learn: one update per train_freq env steps, once learning has started ---
             if step >= counters.learning_starts and len(replay) >= cfg.batch_size:
                 while learner.updates < counters.updates_due(cfg.train_freq):
-                    learner.update(replay.sample(cfg.batch_size, run.sample_generator))
+                    update(replay.sample(cfg.batch_size, run.sample_generator))
                 if crossed(step, n, cfg.target_update_interval):
                     learner.sync_target()
 

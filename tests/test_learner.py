@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 import io
 import pytest
 import numpy as np
@@ -382,3 +383,27 @@ def test_the_td_loss_is_one_definition_for_both_backends(kind: str) -> None:
     value_np, grad_np = loss.numpy(q.detach().numpy(), target.numpy())
     assert value_np == pytest.approx(value.detach().item(), rel=1e-12)
     np.testing.assert_allclose(grad_np, q.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_a_capture_that_fails_warns_once_and_leaves_eager_updates_unchanged() -> None:
+    from agent.learner import CapturedUpdate
+
+    def refuse(fn, static_inputs):  # type: ignore[no-untyped-def]
+        fn(*static_inputs)  # a warm-up ran before the capture failed
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    eager, graphed = _learner(backend="torch"), _learner(backend="torch")
+    update = CapturedUpdate(graphed, refuse)
+    with pytest.warns(RuntimeWarning, match="could not be captured.*capture_graph=false"):
+        torch.manual_seed(3)
+        update(_batch(seed=0))
+    torch.manual_seed(3)
+    eager.update(_batch(seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second attempt, no second warning
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            update(_batch(seed=seed))
+            torch.manual_seed(seed)
+            eager.update(_batch(seed=seed))
+    _assert_same_learners(eager, graphed)

@@ -794,3 +794,43 @@ def test_the_numpy_learner_backend_on_cuda_is_a_one_line_error(
     code = cli.main(["--env", "CartPole-v1", "--device", "cuda", "--run-dir", str(tmp_path / "r"),
                      "--set", "learner_backend=numpy"])
     _one_line_error(code, capsys.readouterr().err, "--set learner_backend=auto")
+
+
+def test_a_captured_update_trains_the_same_run_as_eager_updates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On CUDA with capture_graph the update is a replayed graph; on the CPU the capture
+    # seam's eager stand-in runs the same orchestration: copy into static buffers,
+    # replay, host counters, and a capture that leaves no trace.
+    import agent.train as train_module
+    from agent.acting.graph import capture_eager
+
+    overrides = {**SHORT, "total_steps": 1_500, "learner_backend": "torch", "save_buffer": True}
+    cfg = load_config("CartPole-v1", overrides=overrides)
+    eager = train(cfg, tmp_path / "eager", progress=False, echo=lambda _: None)
+    monkeypatch.setattr(train_module, "update_capture", lambda device, on: capture_eager)
+    captured = train(cfg, tmp_path / "captured", progress=False, echo=lambda _: None)
+    assert captured.eval_curve == eager.eval_curve
+    assert captured.updates == eager.updates
+    a, b = (load_checkpoint(tmp_path / r / "checkpoints" / "last.pt") for r in ("eager",
+                                                                                "captured"))
+    for key in a["q_network"]:
+        assert torch.equal(a["q_network"][key], b["q_network"][key]), key
+    assert a["learner"]["optimizer"]["step"] == b["learner"]["optimizer"]["step"]
+    assert torch.equal(a["learner"]["optimizer"]["steps"], b["learner"]["optimizer"]["steps"])
+    losses = [[e.value for e in _events(tmp_path / r).Scalars("losses/td_loss")]
+              for r in ("eager", "captured")]  # fmt: skip
+    assert losses[0] and losses[0] == losses[1]  # the metrics count each update once
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_captured_update_trains_as_eager_updates_do(tmp_path: Path) -> None:
+    results = {}
+    for capture in (False, True):
+        cfg = load_config("CartPole-v1", overrides={
+            **SHORT, "device": "cuda", "total_steps": 1_500, "capture_graph": capture})
+        train(cfg, tmp_path / str(capture), progress=False, echo=lambda _: None)
+        results[capture] = load_checkpoint(tmp_path / str(capture) / "checkpoints" / "last.pt")
+    for key, value in results[False]["q_network"].items():
+        torch.testing.assert_close(results[True]["q_network"][key], value, rtol=1e-4, atol=1e-5)
