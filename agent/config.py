@@ -103,6 +103,11 @@ class Config:
     """Replay capacity in transitions."""
     frame_replay: bool = True
     """Image stacks (C, H, W) uint8: store each frame once and rebuild stacks at sample time."""
+    replay_storage: Literal["auto", "device", "pinned"] = "auto"
+    """Where replay lives when training on CUDA: ``device`` (GPU memory: sampling needs no
+    copy), ``pinned`` (host memory, batches copied over through pinned staging), or
+    ``auto``: the GPU when the buffer fits in a quarter of its free memory, else pinned
+    host memory. Frame replay (Atari) stays on the host. On a CPU, the host."""
     save_buffer: bool = False
     """Store the replay buffer in checkpoints (needed for an exact resume; can be large)."""
     batch_size: int = 32

@@ -172,6 +172,20 @@ class ReplayBuffer:
         """True when batches travel host -> GPU through pinned staging slots."""
         return self._pinned
 
+    @staticmethod
+    def storage_bytes(
+        capacity: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype, float_dtype: torch.dtype
+    ) -> int:
+        """Bytes of ring storage a buffer of this configuration allocates."""
+        obs_item = (
+            torch.empty((), dtype=float_dtype).element_size()
+            if np.issubdtype(obs_dtype, np.floating)
+            else np.dtype(obs_dtype).itemsize
+        )
+        float_item = torch.empty((), dtype=float_dtype).element_size()
+        per = 2 * int(np.prod(obs_shape)) * obs_item + 8 + 3 * float_item
+        return capacity * per
+
     @property
     def bytes_per_transition(self) -> int:
         """Bytes of ring storage per stored transition (n-step windows not counted)."""

@@ -19,6 +19,7 @@ __all__ = [
     "check_config_state",
     "check_explored",
     "check_step",
+    "choose_storage",
     "config_state",
     "is_cuda",
     "normalize_device",
@@ -258,3 +259,21 @@ class PinnedSlots:
 
 
 KIND_NAMES = {"iu": "an integer", "fiub": "a numeric", "biu": "a bool or integer"}
+
+
+def choose_storage(
+    asked: str, device: torch.device, frames: bool, bytes_needed: int, free_bytes: int | None
+) -> torch.device:
+    """Where a replay buffer is stored (``replay_storage``): the host, or ``device``.
+
+    ``frames``: frame replay, which keeps its frames on the host. ``free_bytes``: the
+    device's free memory (None off CUDA). ``auto`` takes the device when the buffer
+    needs at most a quarter of it: the networks, activations and the caching allocator
+    need the rest.
+    """
+    host = torch.device("cpu")
+    if device.type != "cuda" or frames or asked == "pinned":
+        return host
+    if asked == "device" or (free_bytes is not None and 4 * bytes_needed <= free_bytes):
+        return device
+    return host

@@ -43,7 +43,7 @@ from agent.learner import CapturedUpdate, Learner, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.replay import ReplayBuffer
-from agent.replay_base import Batch, Replay
+from agent.replay_base import Batch, Replay, choose_storage
 from agent.signals import StopSignals
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
@@ -157,16 +157,22 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
     target_network = copy.deepcopy(q_network)
     # Image stacks (C, H, W) of integer frames: each frame stored once (agent/frame_replay.py).
     frames = cfg.frame_replay and len(spec.obs_shape) == 3 and spec.obs_dtype == "uint8"
+    float_dtype = getattr(torch, cfg.dtype)
+    size = ReplayBuffer.storage_bytes(cfg.buffer_size, spec.obs_shape, np.dtype(spec.obs_dtype),
+                                      float_dtype)  # fmt: skip
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    storage = choose_storage(cfg.replay_storage, device, frames, size, free)
     try:
         replay = (FrameReplayBuffer if frames else ReplayBuffer)(
             cfg.buffer_size,
             spec.obs_shape,
             np.dtype(spec.obs_dtype),
             device=device,
+            storage_device=storage,
             n_step=cfg.n_step,
             gamma=cfg.gamma,
             num_envs=cfg.num_envs,
-            float_dtype=getattr(torch, cfg.dtype),
+            float_dtype=float_dtype,
         )
     except ValueError as e:
         raise UserError(f"invalid config: {e}") from None
@@ -295,6 +301,8 @@ def prepare_run(
     cleanup.callback(_close_quietly, *eval_envs)
     agent = build_agent(cfg, spec, device, len(eval_envs))
     ran = cfg.to_dict() | {"learner_backend": agent.learner.backend}
+    if device.type == "cuda":  # where replay_storage auto put the buffer
+        ran["replay_storage"] = "device" if agent.replay.storage_device.type == "cuda" else "pinned"
     (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
     sample_generator = torch.Generator(device=agent.replay.storage_device).manual_seed(cfg.seed)
     exploration = Exploration(
@@ -497,6 +505,9 @@ def announce(run: Run, echo: Any) -> None:
     cfg = run.cfg
     echo(f"run directory: {run.run_dir}")
     echo(f"watch it with: tensorboard --logdir {run.run_dir.parent}")
+    if run.agent.replay.device.type == "cuda":
+        where = "GPU memory" if run.ran["replay_storage"] == "device" else "pinned host memory"
+        echo(f"replay: {cfg.buffer_size:,} transitions in {where} (replay_storage)")
     if run.counters.global_step < cfg.random_starts:  # not again on a resume past the warm-up
         whole = " (the whole run)" if cfg.random_starts >= cfg.total_steps else ""
         echo(f"uniform random actions for the first {cfg.random_starts:,} steps{whole}: "

@@ -614,3 +614,32 @@ def test_resident_adds_with_busy_stream_are_not_corrupted():
         cpu.add(*step)
         gpu.add(*step)
     assert_same(everything(cpu), everything(gpu))
+
+
+@pytest.mark.parametrize(
+    ("asked", "frames", "free", "where"),
+    [
+        ("auto", False, 4_000, "cuda"),  # a quarter of the free memory: fits
+        ("auto", False, 3_999, "cpu"),
+        ("auto", False, None, "cpu"),
+        ("device", False, 10, "cuda"),  # asked for: the device, whatever it costs
+        ("pinned", False, 10**9, "cpu"),
+        ("device", True, 10**9, "cpu"),  # frame replay keeps its frames on the host
+    ],
+)
+def test_replay_storage_goes_to_the_gpu_when_it_fits_or_when_asked(
+    asked: str, frames: bool, free: int | None, where: str
+) -> None:
+    from agent.replay_base import choose_storage
+
+    chosen = choose_storage(asked, torch.device("cuda", 0), frames, 1_000, free)
+    assert chosen.type == where
+    # Off CUDA everything lives on the host.
+    assert choose_storage(asked, torch.device("cpu"), frames, 1_000, free).type == "cpu"
+
+
+def test_storage_bytes_is_what_the_ring_allocates() -> None:
+    for shape, dtype in (((4,), np.float32), ((4, 8, 8), np.uint8)):
+        buf = ReplayBuffer(100, shape, dtype, device="cpu", float_dtype=torch.float64)
+        expected = ReplayBuffer.storage_bytes(100, shape, np.dtype(dtype), torch.float64)
+        assert expected == 100 * buf.bytes_per_transition

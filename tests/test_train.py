@@ -834,3 +834,15 @@ def test_on_cuda_the_captured_update_trains_as_eager_updates_do(tmp_path: Path) 
         results[capture] = load_checkpoint(tmp_path / str(capture) / "checkpoints" / "last.pt")
     for key, value in results[False]["q_network"].items():
         torch.testing.assert_close(results[True]["q_network"][key], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("storage", ["device", "pinned", "auto"])
+def test_on_cuda_replay_lives_where_replay_storage_says(tmp_path: Path, storage: str) -> None:
+    cfg = load_config("CartPole-v1", overrides={
+        **SHORT, "device": "cuda", "total_steps": 800, "replay_storage": storage})
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.global_step == 800
+    ran = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["replay_storage"]
+    assert ran == ("device" if storage == "auto" else storage)  # 5,000 CartPole rows fit
