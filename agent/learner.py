@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent.noisy import NoiseBuffers, noise_switched, noisy_layers, set_noise
+from agent.noisy import NoiseBuffers, noise_switched, noisy_layers
 from agent.numpy_grad import GradientSink, NumpyGrad
 from agent.optim import Adam
 from agent.replay_base import Batch
@@ -100,9 +100,9 @@ class Learner:
 
     Before every update the noise of both networks is resampled (independent
     noise for the online and the target network, as in the NoisyNet paper).
-    With ``noise=False`` (epsilon-greedy runs) the noise of both networks is switched
-    off for good: they learn on their mean weights, exactly as they act, and the
-    sigma parameters receive no gradient and stay as initialised.
+    With ``noise=False`` (epsilon-greedy runs) both networks learn on their mean
+    weights, as they act, and the sigma parameters receive no gradient and stay as
+    initialised. The learner never changes the networks' own noise switches.
     ``update_noise`` scales the update noise (1: as drawn, as in the paper). With 0 the
     noise is for acting only: updates run on the mean weights of both networks (no
     noise is drawn for them), so the sigmas receive no gradient and the acting noise
@@ -152,11 +152,6 @@ class Learner:
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         draws = noise and update_noise > 0  # the updates run on noise of their own
-        if not noise:
-            set_noise(q_network, False)
-        if not draws:  # the target network never acts
-            set_noise(target_network, False)
-        self.target_network.requires_grad_(False)
         # Found once (by type): the reset runs before every update.
         self.update_noise = update_noise
         # The online network's own noise buffers hold the acting noise (the selector's):
@@ -165,9 +160,11 @@ class Learner:
             q_network, noisy_layers(q_network) if draws else []
         )
         self._target_noisy = noisy_layers(target_network) if draws else []
-        # Acting noise only: the online network's layers are switched to their mean
-        # weights for each update and back after.
-        self._mean_for_update = noisy_layers(q_network) if noise and update_noise == 0 else []
+        # Without update noise both networks are switched to their mean weights for each
+        # update and back after: the networks' own switches (acting) are left alone.
+        self._mean_for_update = (
+            [] if draws else [*noisy_layers(q_network), *noisy_layers(target_network)]
+        )
         params = list(q_network.parameters())
         # One fused kernel per step and one flat gradient buffer (agent/optim.py).
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)

@@ -154,7 +154,7 @@ def build_q_network(
 def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
     """Online and target networks, replay, the two selectors and the learner of a run."""
     q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
-    target_network = copy.deepcopy(q_network)
+    target_network = copy.deepcopy(q_network).requires_grad_(False)  # it never learns
     # Image stacks (C, H, W) of integer frames: each frame stored once (agent/frame_replay.py).
     frames = cfg.frame_replay and len(spec.obs_shape) == 3 and spec.obs_dtype == "uint8"
     float_dtype = getattr(torch, cfg.dtype)
