@@ -283,7 +283,7 @@ class _NumpyUpdate:
         if learner.running.sums.device.type != "cpu":
             return None
         views = [g.detach().numpy() for g in optimizer.grads]
-        sink = GradientSink(optimizer.params, views, optimizer.has_grad)
+        sink = GradientSink(optimizer.params, views)
         online = NumpyGrad.build(learner.q_network, sink, learner.update_noise_buffers.tensors)
         target = NumpyGrad.build(learner.target_network)
         if online is None or target is None:
@@ -318,7 +318,10 @@ class _NumpyUpdate:
         grad_q[rows, actions] = grad_taken
 
         learner.optimizer.zero_grad()
+        sink = self.online.sink
+        sink.clear()
         self.online.backward(grad_q)
+        learner.optimizer.mark_written(sink.written)  # the step takes what backward wrote
         if learner.max_grad_norm is not None:
             # clip_grad_norm_'s rule on the flat buffer, without its torch ops' fixed cost
             flat = self._flat_grad

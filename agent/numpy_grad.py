@@ -52,15 +52,18 @@ class GradientSink:
 
     ``views[i]`` is the gradient buffer of ``params[i]``; ``written[i]`` turns True
     at the first write (later writes add to it, for a layer used twice). The caller
-    zeroes the buffers and clears ``written`` before each backward pass.
+    zeroes the buffers and calls :meth:`clear` before each backward pass.
     """
 
-    def __init__(
-        self, params: Sequence[torch.Tensor], views: Sequence[Array], written: list[bool]
-    ) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], views: Sequence[Array]) -> None:
         self.index = {id(p): i for i, p in enumerate(params) if p.requires_grad}
         self.views = list(views)
-        self.written = written
+        self.written = [False] * len(self.views)
+
+    def clear(self) -> None:
+        """Forget what the last backward wrote (before the next one)."""
+        for i in range(len(self.written)):
+            self.written[i] = False
 
     def slot(self, param: torch.Tensor) -> int | None:
         """The index of ``param``'s gradient buffer, None for a frozen or foreign tensor."""

@@ -25,7 +25,7 @@ parameter notes which ones autograd wrote to.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -106,12 +106,20 @@ class Adam:
 
     @property
     def has_grad(self) -> list[bool]:
-        """Which parameters received a gradient since :meth:`zero_grad` (the list itself).
+        """Which parameters received a gradient since :meth:`zero_grad` (a copy).
 
-        Autograd's hooks set these; code that writes into :attr:`grads` without
-        autograd (the learner's numpy path) sets them too, or the step skips it.
+        Autograd's hooks record these; code that writes into :attr:`grads` without
+        autograd (the learner's numpy path) says so with :meth:`mark_written`, or the
+        step skips those parameters.
         """
-        return self._has_grad
+        return list(self._has_grad)
+
+    def mark_written(self, written: Sequence[bool]) -> None:
+        """Record gradients written without autograd (whose hooks record the others): the
+        step takes the parameters marked here."""
+        for i, was in enumerate(written):
+            if was:
+                self._has_grad[i] = True
 
     def zero_grad(self) -> None:
         """Zero the flat gradient buffer (one op) and point every ``.grad`` at its view."""

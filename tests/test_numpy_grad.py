@@ -21,8 +21,9 @@ Compiled = tuple[NumpyGrad, list[nn.Parameter], list[torch.Tensor], list[bool]]
 def _compile(net: nn.Module) -> Compiled:
     params = list(net.parameters())
     grads = [torch.zeros_like(p) for p in params]
-    written = [False] * len(params)
-    program = NumpyGrad.build(net, GradientSink(params, [g.numpy() for g in grads], written))
+    sink = GradientSink(params, [g.numpy() for g in grads])
+    program = NumpyGrad.build(net, sink)
+    written = sink.written
     assert program is not None
     return program, params, grads, written
 
