@@ -16,7 +16,15 @@ from agent.numpy_grad import GradientSink, NumpyGrad
 from agent.optim import Adam
 from agent.replay_base import Batch
 
-__all__ = ["Learner", "NonFiniteError", "td_target"]
+__all__ = [
+    "CapturedUpdate",
+    "Learner",
+    "Metrics",
+    "NonFiniteError",
+    "RunningMetrics",
+    "TDLoss",
+    "td_target",
+]
 
 
 class BatchLike(Protocol):
@@ -152,7 +160,6 @@ class Learner:
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         draws = noise and update_noise > 0  # the updates run on noise of their own
-        # Found once (by type): the reset runs before every update.
         self.update_noise = update_noise
         # The online network's own noise buffers hold the acting noise (the selector's):
         # its updates draw into buffers of their own instead. The target never acts.
