@@ -4,10 +4,11 @@ On a CPU, a DQN update of a small network costs mostly PyTorch's fixed cost per 
 and the autograd engine's per-node bookkeeping, not arithmetic (``bench/learner.py``;
 figures in docs/research/log.md). :class:`NumpyGrad` compiles a module's ``forward``
 once (traced with ``torch.fx``, the same tracer as the acting path's
-:class:`~agent.acting.numpy_forward.NumpyForward`, and the same ops) into a numpy
-program that keeps what the backward pass needs, and computes the parameters'
-gradients with one hand-written vector-Jacobian product per op, in reverse order
-(convolutions: PyTorch's own kernels, :class:`~agent.acting.numpy_forward.TorchConv2d`).
+:class:`~agent.acting.numpy_forward.NumpyForward`, and the same op table,
+:mod:`agent.numpy_ops`) into a numpy program that keeps what the backward pass needs,
+and computes the parameters' gradients with one hand-written vector-Jacobian product
+per op, in reverse order (convolutions: PyTorch's own kernels,
+:class:`~agent.acting.numpy_forward.TorchConv2d`).
 Parameters, noise buffers and gradients are zero-copy numpy views of the live tensors,
 so optimizer steps, ``load_state_dict`` and ``reset_noise`` are seen with no copying,
 and the gradients land where the optimizer reads them.
@@ -30,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
 from agent.acting.numpy_forward import (
@@ -41,6 +41,15 @@ from agent.acting.numpy_forward import (
     trace_leaves,
 )
 from agent.noisy import NoisyLinear
+from agent.numpy_ops import (
+    ACTIVATION_FUNCTIONS,
+    ACTIVATION_METHODS,
+    ACTIVATION_MODULES,
+    ACTIVATIONS,
+    ARITHMETIC,
+    activation_of_module,
+    relu_,
+)
 
 __all__ = ["GradientSink", "NumpyGrad"]
 
@@ -163,78 +172,6 @@ class _Linear:
             if i_bias_sigma is not None:
                 sink.add(i_bias_sigma, grad_bias * self.bias_epsilon)
         return grad_input
-
-
-# --- elementwise activations: forward(x) and backward(g, x, y) -> grad of x ---
-
-
-def _sigmoid(x: Array) -> Array:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _relu_backward(g: Array, x: Array, y: Array) -> Array:
-    return g * (y > 0)  # y, not x: a ReLU may have overwritten its input in place
-
-
-def _leaky_relu(slope: float) -> tuple[Callable[[Array], Array], Callable[..., Array]]:
-    return (lambda x: np.where(x > 0, x, x * slope), lambda g, x, y: np.where(x > 0, g, g * slope))
-
-
-def _elu(alpha: float) -> tuple[Callable[[Array], Array], Callable[..., Array]]:
-    return (
-        lambda x: np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0))),
-        lambda g, x, y: np.where(x > 0, g, g * (y + alpha)),
-    )
-
-
-def _silu_backward(g: Array, x: Array, y: Array) -> Array:
-    s = _sigmoid(x)
-    return g * s * (1.0 + x * (1.0 - s))
-
-
-_RELU = (lambda x: np.maximum(x, 0), _relu_backward)
-
-
-def _relu_in_place(x: Array) -> Array:
-    return np.maximum(x, 0, out=x)
-
-_TANH = (np.tanh, lambda g, x, y: g * (1.0 - y * y))
-_SIGMOID = (_sigmoid, lambda g, x, y: g * y * (1.0 - y))
-_SILU = (lambda x: x * _sigmoid(x), _silu_backward)
-
-_MODULES: dict[type, Callable[[nn.Module], tuple[Callable[..., Array], Callable[..., Array]]]] = {
-    nn.ReLU: lambda m: _RELU,
-    nn.Tanh: lambda m: _TANH,
-    nn.Sigmoid: lambda m: _SIGMOID,
-    nn.SiLU: lambda m: _SILU,
-    nn.LeakyReLU: lambda m: _leaky_relu(m.negative_slope),
-    nn.ELU: lambda m: _elu(m.alpha),
-}
-_FUNCTIONS: dict[Any, tuple[Callable[..., Array], Callable[..., Array]]] = {
-    F.relu: _RELU,
-    torch.relu: _RELU,
-    torch.tanh: _TANH,
-    F.tanh: _TANH,
-    torch.sigmoid: _SIGMOID,
-    F.sigmoid: _SIGMOID,
-    F.silu: _SILU,
-}
-# Functions with a parameter: (its name, its default, the activation it makes).
-_PARAMETRIC: dict[Any, tuple[str, float, Callable[[float], tuple[Callable, Callable]]]] = {
-    F.leaky_relu: ("negative_slope", 0.01, _leaky_relu),
-    F.elu: ("alpha", 1.0, _elu),
-}
-_METHODS = {"relu": _RELU, "tanh": _TANH, "sigmoid": _SIGMOID}
-_ARITHMETIC: dict[Any, str] = {
-    operator.add: "add",
-    torch.add: "add",
-    operator.sub: "sub",
-    torch.sub: "sub",
-    operator.mul: "mul",
-    torch.mul: "mul",
-    operator.truediv: "div",
-    operator.neg: "neg",
-}
 
 
 def _unbroadcast(g: Array, shape: tuple[int, ...]) -> Array:
@@ -365,34 +302,23 @@ class NumpyGrad:
                     needs_grad[out] = trainable or needs_grad[args[0]]
                     slot[node] = out
                     continue
-                elif kind in _MODULES:
+                elif kind in ACTIVATION_MODULES:
                     owned = _fresh_linear_output(module, node.args[0])
-                    fns = _MODULES[kind](sub)
-                    nodes.append(_activation_node(out, args, fns, needs_grad, owned))
+                    name, value = activation_of_module(sub)
+                    nodes.append(_activation_node(out, args, name, value, needs_grad, owned))
                 else:
                     raise _Unsupported(f"module {kind.__name__}")
-            elif node.op == "call_function" and node.target in _FUNCTIONS:
-                kwargs = {k: v for k, v in node.kwargs.items() if k != "inplace"}
-                if kwargs or len(args) != 1:
-                    raise _Unsupported(f"{node.target} with {node.kwargs}")
+            elif node.op == "call_function" and node.target in ACTIVATION_FUNCTIONS:
+                name, value = _activation_call(node, args)
                 owned = _fresh_linear_output(module, node.args[0])
-                fns = _FUNCTIONS[node.target]
-                nodes.append(_activation_node(out, args, fns, needs_grad, owned))
-            elif node.op == "call_function" and node.target in _PARAMETRIC:
-                name, default, make = _PARAMETRIC[node.target]
-                kwargs = {k: v for k, v in node.kwargs.items() if k != "inplace"}
-                value = args[1] if len(args) > 1 else kwargs.pop(name, default)
-                if kwargs or len(args) > 2 or not isinstance(value, int | float):
-                    raise _Unsupported(f"{node.target} with {node.kwargs}")
-                owned = _fresh_linear_output(module, node.args[0])
-                nodes.append(_activation_node(out, args[:1], make(float(value)), needs_grad,
-                                              owned))  # fmt: skip
-            elif node.op == "call_method" and node.target in _METHODS and len(args) == 1:
-                nodes.append(_activation_node(out, args, _METHODS[node.target], needs_grad))
-            elif (node.op == "call_function" and node.target in _ARITHMETIC) or (
+                nodes.append(_activation_node(out, args[:1], name, value, needs_grad, owned))
+            elif node.op == "call_method" and node.target in ACTIVATION_METHODS and len(args) == 1:
+                name = ACTIVATION_METHODS[node.target]
+                nodes.append(_activation_node(out, args, name, None, needs_grad))
+            elif (node.op == "call_function" and node.target in ARITHMETIC) or (
                 node.op == "call_method" and node.target in ("add", "sub", "mul")
             ):
-                name = _ARITHMETIC.get(node.target, node.target)
+                name = ARITHMETIC.get(node.target, node.target)
                 if node.kwargs:
                     raise _Unsupported(f"{name} with {node.kwargs}")
                 nodes.append(_arithmetic_node(out, name, args, needs_grad))
@@ -522,17 +448,32 @@ def _conv_node(
     return _Node(out, args, conv, backward, [need_input]), trainable
 
 
+def _activation_call(node: fx.Node, args: list[Any]) -> tuple[str, float | None]:
+    """(name, parameter or None) of an activation called as a function, e.g.
+    ``F.leaky_relu(x, 0.2)`` or ``F.elu(x, alpha=0.5)``."""
+    name = ACTIVATION_FUNCTIONS[node.target]
+    param = ACTIVATIONS[name].param
+    kwargs = {k: v for k, v in node.kwargs.items() if k != "inplace"}
+    value = args[1] if len(args) > 1 else kwargs.pop(param, None) if param else None
+    if kwargs or len(args) > (1 if param is None else 2) or not (
+        value is None or isinstance(value, int | float)
+    ):
+        raise _Unsupported(f"{node.target} with {node.kwargs}")
+    return name, value
+
+
 def _activation_node(
     out: int,
     args: list[Any],
-    fns: tuple[Callable[..., Array], ...],
+    name: str,
+    value: float | None,
     needs_grad: dict[int, bool],
     owned: bool = False,
 ) -> _Node:
-    forward, grad = fns
-    if fns is _RELU and owned:
+    forward, grad = ACTIVATIONS[name].bound(None if value is None else float(value))
+    if name == "relu" and owned:
         # In place: nothing else reads the input, and ReLU's backward needs only its output.
-        forward = _relu_in_place
+        forward = relu_
     if len(args) != 1 or type(args[0]) is not int:
         raise _Unsupported("an activation of more than one tensor")
     return _Node(

@@ -13,8 +13,9 @@ rounding (the input is first cast to the parameters' dtype, as ``QNetwork.forwar
 does). Tests hold the two equal for every network ``QNetwork`` can build and for
 modules users write themselves. What compiles: any module whose traced forward uses
 only ``nn.Linear``, :class:`~agent.noisy.NoisyLinear`, ``nn.Conv2d`` (zero padding),
-elementwise activations (ReLU, LeakyReLU, Tanh, Sigmoid, ELU, SiLU, as modules,
-functions or methods), ``Identity``/``Flatten``, ``+ - * /``, ``mean`` over a dimension
+elementwise activations (the op table :mod:`agent.numpy_ops`, shared with the gradient
+compiler: ReLU, LeakyReLU, Tanh, Sigmoid, ELU, SiLU, as modules, functions or
+methods), ``Identity``/``Flatten``, ``+ - * /``, ``mean`` over a dimension
 and a cast to the parameters' dtype, with float32 or float64 parameters on the CPU.
 Anything else (control flow on values, other ops) makes :meth:`NumpyForward.build`
 return ``None``, and the selector acts eagerly instead. Convolutions run PyTorch's own
@@ -39,6 +40,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.noisy import NoisyLinear
+from agent.numpy_ops import (
+    ACTIVATION_FUNCTIONS,
+    ACTIVATION_METHODS,
+    ACTIVATION_MODULES,
+    ACTIVATIONS,
+    ARITHMETIC,
+    activation_of_module,
+    relu,
+    relu_,
+)
 
 __all__ = [
     "Const",
@@ -127,70 +138,28 @@ class TorchConv2d:
         return tuple(None if t is None else t.numpy() for t in grads)  # type: ignore[return-value]
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0)
-
-
-def _relu_(x: np.ndarray) -> np.ndarray:
-    """In place, for an input that nothing else reads (fresh from a linear layer)."""
-    return np.maximum(x, 0, out=x)
-
-
-def _leaky_relu(x: np.ndarray, negative_slope: float = 0.01) -> np.ndarray:
-    return np.where(x > 0, x, x * negative_slope)
-
-
-def _elu(x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
-    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
-
-
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x * _sigmoid(x)
-
-
 def _mean(x: np.ndarray, dim: int, keepdim: bool = False) -> np.ndarray:
     return x.mean(axis=dim, keepdims=keepdim)
 
 
-# Elementwise activations as modules (with the constructor arguments that matter) ...
+def _module_forward(module: nn.Module) -> Callable[..., np.ndarray]:
+    name, value = activation_of_module(module)
+    return ACTIVATIONS[name].bound(value)[0]
+
+
+_ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+               "div": operator.truediv, "neg": operator.neg}  # fmt: skip
+# The op table (agent/numpy_ops.py) as this compiler reads it: modules, functions, methods.
 _MODULES: dict[type, Callable[[nn.Module], Callable[..., np.ndarray]]] = {
-    nn.ReLU: lambda m: _relu,
-    nn.Tanh: lambda m: np.tanh,
-    nn.Sigmoid: lambda m: _sigmoid,
-    nn.SiLU: lambda m: _silu,
-    nn.LeakyReLU: lambda m: lambda x: _leaky_relu(x, m.negative_slope),
-    nn.ELU: lambda m: lambda x: _elu(x, m.alpha),
+    **dict.fromkeys(ACTIVATION_MODULES, _module_forward),
     nn.Identity: lambda m: lambda x: x,
 }
-# ... as functions ...
 _FUNCTIONS: dict[Any, Callable[..., np.ndarray]] = {
-    F.relu: _relu,
-    torch.relu: _relu,
-    torch.tanh: np.tanh,
-    F.tanh: np.tanh,
-    torch.sigmoid: _sigmoid,
-    F.sigmoid: _sigmoid,
-    F.silu: _silu,
-    F.leaky_relu: _leaky_relu,
-    F.elu: _elu,
-    operator.add: operator.add,
-    operator.sub: operator.sub,
-    operator.mul: operator.mul,
-    operator.truediv: operator.truediv,
-    operator.neg: operator.neg,
-    torch.add: operator.add,
-    torch.sub: operator.sub,
-    torch.mul: operator.mul,
+    **{fn: ACTIVATIONS[name].forward for fn, name in ACTIVATION_FUNCTIONS.items()},
+    **{fn: _ARITHMETIC[name] for fn, name in ARITHMETIC.items()},
 }
-# ... and as tensor methods.
 _METHODS: dict[str, Callable[..., np.ndarray]] = {
-    "relu": _relu,
-    "tanh": np.tanh,
-    "sigmoid": _sigmoid,
+    **{m: ACTIVATIONS[name].forward for m, name in ACTIVATION_METHODS.items()},
     "add": operator.add,
     "sub": operator.sub,
     "mul": operator.mul,
@@ -348,8 +317,8 @@ class NumpyForward:
                 # every op keeps it. The node reads the same slot as its argument.
                 slot[node] = slot[args[0]]
                 continue
-            if fn is _relu and _owned_once(args[0]):
-                fn = _relu_
+            if fn is relu and _owned_once(args[0]):
+                fn = relu_
             if any(isinstance(v, fx.Node) for v in kwargs.values()):
                 raise _Unsupported("tensor keyword argument")
             slot[node] = len(program) + 1  # slot 0 is the input
