@@ -2,7 +2,7 @@
 
 import sys
 
-from agent.cli import main
+from agent.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -443,11 +443,17 @@ def _import_torch() -> None:
             gc.enable()
 
 
-if __name__ == "__main__":
+def entry() -> int:
+    """The command line as a process runs it (``noisy-dqn``, ``python run.py``): torch
+    imported with the collector paused, then :func:`main`."""
     if not {"-h", "--help", "--list-config"} & set(sys.argv):
         _import_torch()
     code = main()
     # The process ends here: the collections at interpreter shutdown would walk every
     # object made since (gymnasium, tensorboard, the run's own) for garbage nobody needs.
     gc.freeze()
-    sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(entry())

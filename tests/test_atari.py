@@ -326,8 +326,8 @@ def test_frame_replay_switch_and_resume(tmp_path: Path) -> None:
 def test_missing_atari_extra_is_one_line(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['ale_py'] = None\n"
-        "import run\n"
-        f"sys.exit(run.main(['--env', 'ALE/Pong-v5', '--run-dir', {str(tmp_path / 'r')!r}]))\n"
+        "from agent import cli\n"
+        f"sys.exit(cli.main(['--env', 'ALE/Pong-v5', '--run-dir', {str(tmp_path / 'r')!r}]))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
