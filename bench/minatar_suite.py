@@ -16,7 +16,8 @@ seeds), and the MinAtar paper's DQN as read off the learning-curve figure of the
 repository's README (30 seeds; a 100-episode moving average of *training* returns, under
 its epsilon 0.1 behaviour, so not the same measure as our noise-free evaluations) at 1M
 and 5M frames. One agent step is one MinAtar frame (no frame skip). ``--from-json``
-re-reads an earlier ``--json`` instead of training.
+re-reads an earlier ``--json`` instead of training; ``--workdir DIR`` keeps the runs in DIR,
+so a second invocation reuses the runs that finished there and resumes the interrupted ones.
 
 Speed (one game, against MinAtar's ``examples/dqn.py``, run unchanged but for its frame
 budget; clone https://github.com/kenjyoung/MinAtar for it)::
@@ -77,6 +78,22 @@ def paired_ci(a: list[float], b: list[float], reps: int = 50_000) -> tuple[float
     return float(d.mean()), float(lo), float(hi)
 
 
+def finished_or_resumed(run_dir: Path) -> dict | None:
+    """A run of an earlier ``--workdir`` invocation: its result if it finished, the result of
+    resuming it if it was interrupted, None if it never started."""
+    path = run_dir / "result.json"
+    if not path.exists():
+        return None
+    if json.loads(path.read_text())["status"] == "interrupted":
+        cmd = [sys.executable, "run.py", "--resume", str(run_dir), "--no-progress"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{run_dir} did not resume: {proc.stderr[-2000:]}")
+    result = json.loads(path.read_text())
+    result["wall_s"] = result["wall_time_s"]  # the whole run's, across resumes
+    return result
+
+
 def learn(args: argparse.Namespace) -> int:
     from agent.sweep import bootstrap_ci, iqm
     from suite import plot
@@ -87,13 +104,15 @@ def learn(args: argparse.Namespace) -> int:
     if args.from_json:
         results = json.loads(args.from_json.read_text())
     else:
-        workdir = Path(tempfile.mkdtemp(prefix="bench_minatar_"))
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_minatar_"))
         jobs = [(g, a, s) for s in seeds for g in games for a in AGENTS]
 
         def run(job: tuple[str, str, int]) -> dict:
             game, agent, seed = job
             env_id = f"MinAtar/{game}-v0"
-            r = run_ours(seed, extra + AGENTS[agent], workdir / game / agent, env_id)
+            r = finished_or_resumed(workdir / game / agent / f"seed{seed}")
+            if r is None:
+                r = run_ours(seed, extra + AGENTS[agent], workdir / game / agent, env_id)
             print(f"{env_id} | {agent} | seed {seed}: final {r['final_eval_return']:.2f}, "
                   f"{r['wall_s']:.0f} s", flush=True)
             return r
@@ -278,6 +297,9 @@ def main() -> int:
     lp.add_argument("--plot-dir", type=Path)
     lp.add_argument("--json", type=Path)
     lp.add_argument("--from-json", type=Path)
+    lp.add_argument("--workdir", type=Path,
+                    help="where the runs go; runs that finished there before are kept, "
+                         "interrupted ones resumed")
     sp = sub.add_parser("speed", help="one game against MinAtar's examples/dqn.py")
     sp.add_argument("--reference", required=True, help="path to MinAtar's examples/dqn.py")
     sp.add_argument("--game", default="breakout", help="MinAtar's name: breakout, asterix, ...")
