@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.noisy import NoiseBuffers, noise_switched, noisy_layers
-from agent.numpy_grad import GradientSink, NumpyGrad
+from agent.numpy_backend import GradientSink, NumpyProgram
 from agent.optim import Adam
 from agent.replay_base import Batch
 
@@ -123,12 +123,12 @@ class Learner:
     :meth:`metrics`, at the log interval.
 
     ``backend``: how the gradients are computed. ``"auto"`` (default) uses the numpy
-    program of :mod:`agent.numpy_grad` where it applies (both networks on the CPU in
-    float32/float64, made of the ops it knows: every MLP ``QNetwork`` builds) and
-    PyTorch's autograd otherwise (CUDA, convolutions); ``"torch"`` or ``"numpy"``
-    force one (``"numpy"`` raises ``ValueError`` where it does not apply). Both
-    compute the same update, up to float rounding; the numpy one is several times
-    cheaper on small networks (docs/research/log.md). :attr:`backend` says which runs.
+    program of :mod:`agent.numpy_backend` where it applies (both networks on the CPU in
+    float32/float64, made of the ops it knows: every MLP and the MinAtar CNN that
+    ``QNetwork`` builds) and PyTorch's autograd otherwise (CUDA, the Nature CNN);
+    ``"torch"`` or ``"numpy"`` force one (``"numpy"`` raises ``ValueError`` where it does
+    not apply). Both compute the same update, up to float rounding; the numpy one is
+    several times cheaper on small networks (docs/research/log.md). :attr:`backend` says which runs.
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
     """
@@ -183,7 +183,7 @@ class Learner:
         if backend == "numpy" and self._numpy is None:
             raise ValueError(
                 "the numpy learner backend needs both networks on the CPU in float32/float64, "
-                "made of the layers agent/numpy_grad.py compiles"
+                "made of the layers agent/numpy_backend compiles"
             )
         self.backend: Literal["torch", "numpy"] = "numpy" if self._numpy else "torch"
 
@@ -268,7 +268,7 @@ class Learner:
 
 
 class _NumpyUpdate:
-    """:meth:`Learner.update` computed by numpy programs (:mod:`agent.numpy_grad`).
+    """:meth:`Learner.update` computed by numpy programs (:mod:`agent.numpy_backend`).
 
     The same steps in the same order as the autograd path: fresh noise for both
     networks (drawn by the layers themselves, so both paths see the same noise),
@@ -277,7 +277,7 @@ class _NumpyUpdate:
     buffers that the gradients were written into).
     """
 
-    def __init__(self, learner: Learner, online: NumpyGrad, target: NumpyGrad) -> None:
+    def __init__(self, learner: Learner, online: NumpyProgram, target: NumpyProgram) -> None:
         self.learner = learner
         self.online = online
         self.target = target
@@ -291,8 +291,9 @@ class _NumpyUpdate:
             return None
         views = [g.detach().numpy() for g in optimizer.grads]
         sink = GradientSink(optimizer.params, views)
-        online = NumpyGrad.build(learner.q_network, sink, learner.update_noise_buffers.tensors)
-        target = NumpyGrad.build(learner.target_network)
+        noise = learner.update_noise_buffers.tensors
+        online = NumpyProgram.build(learner.q_network, sink, noise)
+        target = NumpyProgram.build(learner.target_network)
         if online is None or target is None:
             return None
         return cls(learner, online, target)

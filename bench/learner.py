@@ -8,7 +8,7 @@ Times, as medians of single calls (repeats interleaved, so drift hits every vari
 
 * ``Learner.update``: the whole gradient step training runs (noise resets, online
   and target forward, double-DQN target, Huber loss, backward, clip, Adam), with
-  each backend: ``numpy`` (agent/numpy_grad.py, what training on a CPU uses; CPU only)
+  each backend: ``numpy`` (agent/numpy_backend/, what training on a CPU uses; CPU only)
   and ``torch`` (autograd);
 * the autograd update's phases, each timed alone;
 * the optimizer part two ways, each with the same forward and backward:

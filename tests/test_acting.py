@@ -811,7 +811,7 @@ def test_numpy_forward_equals_qnetwork_forward(
     hidden: tuple[int, ...], noisy: str, dueling: bool, dtype: torch.dtype
 ) -> None:
     """For every vector-input network QNetwork builds: same Q values, noise on and off."""
-    from agent.acting import NumpyForward
+    from agent.numpy_backend import NumpyForward
 
     torch.manual_seed(0)
     net = QNetwork((5,), 4, hidden, noisy_layers=noisy, dueling=dueling, dtype=dtype)

@@ -1,5 +1,5 @@
-"""agent/numpy_ops.py: every op in the one table is reproduced by both numpy compilers,
-the acting forward and the gradient program, as PyTorch computes it."""
+"""agent/numpy_backend/ops.py: every op in the one table is reproduced by the numpy
+backend, acting and gradients, as PyTorch computes it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from agent.acting.numpy_forward import NumpyForward
 from agent.noisy import NoisyLinear
-from agent.numpy_grad import GradientSink, NumpyGrad
-from agent.numpy_ops import ACTIVATION_FUNCTIONS, ACTIVATION_MODULES, ACTIVATIONS
+from agent.numpy_backend import GradientSink, NumpyForward, NumpyProgram
+from agent.numpy_backend.ops import ACTIVATION_FUNCTIONS, ACTIVATION_MODULES, ACTIVATIONS
 
 
 class _Through(nn.Module):
@@ -42,7 +41,7 @@ def _functions() -> list[tuple]:
 @pytest.mark.parametrize(
     "act", [*_modules(), *_functions()], ids=lambda a: getattr(a, "__name__", type(a).__name__)
 )
-def test_both_compilers_reproduce_every_activation_in_the_table(act) -> None:  # type: ignore[no-untyped-def]
+def test_acting_and_gradients_reproduce_every_activation_in_the_table(act) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     net = (_Through(*act) if isinstance(act, tuple) else _Through(act)).double()
     x = np.random.default_rng(0).standard_normal((5, 4))
@@ -52,7 +51,7 @@ def test_both_compilers_reproduce_every_activation_in_the_table(act) -> None:  #
     np.testing.assert_allclose(acting.q_values(x, noise=True), expected, rtol=1e-12)
     params = list(net.parameters())
     grads = [torch.zeros_like(p) for p in params]
-    program = NumpyGrad.build(net, GradientSink(params, [g.numpy() for g in grads]))
+    program = NumpyProgram.build(net, GradientSink(params, [g.numpy() for g in grads]))
     assert program is not None
     np.testing.assert_allclose(program.forward(x, tape=True), expected, rtol=1e-12)
     program.backward(np.ones_like(expected))

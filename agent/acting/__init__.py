@@ -1,14 +1,12 @@
 """Action selection (``ActionSelector``), one backend per file: see ``selector.py``."""
 
 from agent.acting.graph import CapturedGraph, capture_cuda_graph, capture_eager, make_act_fn
-from agent.acting.numpy_forward import NumpyForward
 from agent.acting.selector import ActionSelector, Backend
 
 __all__ = [
     "ActionSelector",
     "Backend",
     "CapturedGraph",
-    "NumpyForward",
     "capture_cuda_graph",
     "capture_eager",
     "make_act_fn",

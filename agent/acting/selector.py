@@ -9,13 +9,13 @@ network lives, and re-picks it when the network moves. Each backend has a file:
     per step with one host synchronisation (the actions). If capture fails, the same
     orchestration runs the function eagerly, after one warning that says why.
 
-``"numpy"`` (CPU, float32/float64; ``agent/acting/numpy_forward.py``)
+``"numpy"`` (CPU, float32/float64; ``agent/numpy_backend/``)
     A numpy program compiled from the network's forward (``torch.fx``) over zero-copy
-    views of the parameters: any module built from ``nn.Linear``, ``NoisyLinear`` and
-    elementwise activations, this project's ``QNetwork`` (MLP heads, dueling) and
-    users' own modules alike.
+    views of the parameters: any module built from ``nn.Linear``, ``NoisyLinear``,
+    ``nn.Conv2d`` and elementwise activations, this project's ``QNetwork`` and users'
+    own modules alike.
 
-``"eager"`` (anything else: CNN torsos, bfloat16, other devices, unsupported ops)
+``"eager"`` (anything else: bfloat16, other devices, unsupported ops)
     The function the graph captures, run under ``torch.inference_mode()``.
 
 Speeds of each are in docs/research/log.md (``bench/acting.py``).
@@ -38,7 +38,7 @@ from agent.acting.graph import (
     capture_eager,
     make_act_fn,
 )
-from agent.acting.numpy_forward import NumpyForward
+from agent.numpy_backend import NumpyForward
 from agent.noisy import noisy_layers
 
 __all__ = ["ActionSelector", "Backend"]
@@ -274,7 +274,7 @@ class ActionSelector:
         if request == "numpy":
             raise ValueError(
                 "backend='numpy' needs a CPU float32/float64 network built from Linear, "
-                "NoisyLinear and elementwise activations; use backend='auto'"
+                "NoisyLinear, Conv2d and elementwise activations; use backend='auto'"
             )
         if request == "graph" or (
             request == "auto" and device.type == "cuda" and self.capture_graph

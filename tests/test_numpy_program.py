@@ -1,4 +1,4 @@
-"""NumpyGrad: the numpy program's forward and gradients equal the module's and autograd's."""
+"""NumpyProgram: the numpy program's forward and gradients equal the module's and autograd's."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from torch import nn
 
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise, set_noise
-from agent.numpy_grad import GradientSink, NumpyGrad
+from agent.numpy_backend import GradientSink, NumpyForward, NumpyProgram
 
 
-Compiled = tuple[NumpyGrad, list[nn.Parameter], list[torch.Tensor], list[bool]]
+Compiled = tuple[NumpyProgram, list[nn.Parameter], list[torch.Tensor], list[bool]]
 
 
 def _compile(net: nn.Module) -> Compiled:
     params = list(net.parameters())
     grads = [torch.zeros_like(p) for p in params]
     sink = GradientSink(params, [g.numpy() for g in grads])
-    program = NumpyGrad.build(net, sink)
+    program = NumpyProgram.build(net, sink)
     written = sink.written
     assert program is not None
     return program, params, grads, written
@@ -190,7 +190,7 @@ def test_a_forward_without_tape_leaves_the_taped_one_for_backward() -> None:
 def test_parameters_are_live_views() -> None:
     torch.manual_seed(0)
     net = QNetwork((5,), 4, (16,), dtype=torch.float64)
-    program = NumpyGrad.build(net)
+    program = NumpyProgram.build(net)
     assert program is not None
     x = np.ones((2, 5))
     other = QNetwork((5,), 4, (16,), dtype=torch.float64)
@@ -234,7 +234,35 @@ class Sorted(nn.Module):
     ids=["nature_cnn", "mean_over_batch", "mean_over_dim_-2", "sort", "meta", "float16"],
 )
 def test_what_it_cannot_reproduce_returns_none(make) -> None:  # type: ignore[no-untyped-def]
-    assert NumpyGrad.build(make()) is None
+    assert NumpyProgram.build(make()) is None
+    # Acting reads the same compiler: it falls back to PyTorch on the same modules.
+    assert NumpyForward.build(make(), np.random.default_rng(0)) is None
+
+
+def test_the_noise_switch_overrides_every_layer_for_one_forward() -> None:
+    torch.manual_seed(0)
+    net = QNetwork((5,), 4, (16,), noisy_layers="all", dtype=torch.float64)
+    program, params, grads, _ = _compile(net)
+    x = np.random.default_rng(0).standard_normal((3, 5))
+    with torch.no_grad():
+        noisy_q = net(torch.from_numpy(x)).numpy()
+        set_noise(net, False)
+        mean_q = net(torch.from_numpy(x)).numpy()
+    # None follows each layer's noise_enabled (now off), True and False override it.
+    np.testing.assert_allclose(program.forward(x), mean_q, rtol=1e-12)
+    np.testing.assert_allclose(program.forward(x, noise=True), noisy_q, rtol=1e-12)
+    set_noise(net, True)
+    np.testing.assert_allclose(program.forward(x), noisy_q, rtol=1e-12)
+    np.testing.assert_allclose(program.forward(x, noise=False), mean_q, rtol=1e-12)
+    assert not np.allclose(mean_q, noisy_q)
+    # A taped forward with the noise off differentiates the mean weights only.
+    program.forward(x, tape=True, noise=False)
+    program.backward(np.ones((3, 4)))
+    set_noise(net, False)
+    net(torch.from_numpy(x)).sum().backward()
+    for p, g in zip(params, grads, strict=True):
+        expected = np.zeros_like(g.numpy()) if p.grad is None else p.grad.numpy()
+        np.testing.assert_allclose(g.numpy(), expected, rtol=1e-12)
 
 
 def test_every_network_of_the_learner_tests_compiles() -> None:
@@ -244,4 +272,4 @@ def test_every_network_of_the_learner_tests_compiles() -> None:
         if dueling and not hidden:
             continue
         net = QNetwork((3,), 2, hidden, noisy_layers=noisy, dueling=dueling)
-        assert NumpyGrad.build(net) is not None, (hidden, noisy, dueling)
+        assert NumpyProgram.build(net) is not None, (hidden, noisy, dueling)

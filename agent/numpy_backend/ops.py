@@ -1,7 +1,6 @@
-"""The one op table of the numpy fast paths: the elementwise activations and arithmetic
-that the acting compiler (:mod:`agent.acting.numpy_forward`) and the gradient compiler
-(:mod:`agent.numpy_grad`) both reproduce, with each activation's forward and backward
-side by side, so that the two cannot cover different ops."""
+"""The op table of the numpy backend: the elementwise activations and arithmetic that its
+one compiler (:mod:`agent.numpy_backend.program`) reproduces, each activation's forward
+and backward side by side, with the modules, functions and methods that reach it."""
 
 from __future__ import annotations
 
