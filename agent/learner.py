@@ -70,6 +70,12 @@ class TDLoss:
             return F.huber_loss(q_taken, target, delta=self.delta)
         return F.mse_loss(q_taken, target)
 
+    def torch_by_row(self, q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss of each row of ``(S, B)`` inputs, ``(S,)``: one seed's batch per row."""
+        if self.kind == "huber":
+            return F.huber_loss(q_taken, target, reduction="none", delta=self.delta).mean(-1)
+        return F.mse_loss(q_taken, target, reduction="none").mean(-1)
+
     def numpy(self, q_taken: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
         """(the loss, its gradient with respect to ``q_taken``)."""
         batch_size = len(q_taken)

@@ -1,0 +1,189 @@
+"""Networks of many seeds as one: every linear layer stacked along a leading seed axis.
+
+S networks of one architecture become one module whose parameters have a leading
+dimension S; a forward takes ``(S, B, *obs_shape)`` and gives ``(S, B, n_actions)``,
+seed ``i``'s rows computed by seed ``i``'s weights alone (batched matmuls: one kernel
+call per layer for all seeds, where S separate networks would pay PyTorch's fixed
+cost per op S times). Parameter names are those of the single network, so seed ``i``'s
+state dict is every tensor's ``[i]`` (:func:`seed_state_dict`) and loads into a
+plain :class:`~agent.networks.QNetwork`.
+
+What stacks: networks whose layers are ``nn.Linear`` and
+:class:`~agent.noisy.NoisyLinear` between elementwise activations, with no op that mixes
+rows (``QNetwork``'s MLPs, dueling included). Convolutional torsos do not yet.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from agent.noisy import NoisyLinear
+
+__all__ = [
+    "NoiseDraw",
+    "StackedLinear",
+    "StackedNoisyLinear",
+    "seed_state_dict",
+    "stack_networks",
+    "stacked_noisy_layers",
+    "with_own_noise",
+]
+
+
+class StackedLinear(nn.Module):
+    """S ``nn.Linear`` layers, one per seed: ``(S, B, in) -> (S, B, out)``."""
+
+    def __init__(self, layers: list[nn.Linear]) -> None:
+        super().__init__()
+        first = layers[0]
+        self.seeds, self.in_features, self.out_features = (
+            len(layers), first.in_features, first.out_features
+        )  # fmt: skip
+        self.weight = nn.Parameter(torch.stack([lay.weight.detach() for lay in layers]))
+        if first.bias is None:
+            raise ValueError("StackedLinear needs layers with a bias")
+        self.bias = nn.Parameter(torch.stack([lay.bias.detach() for lay in layers]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (S, B, in) @ (S, in, out) + (S, 1, out)
+        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.transpose(1, 2))
+
+
+class StackedNoisyLinear(nn.Module):
+    """S ``NoisyLinear`` layers, one per seed, each with noise of its own.
+
+    ``epsilon`` is ``(S, in + out)`` (f(eps_in), then f(eps_out), as in ``NoisyLinear``)
+    and ``weight_epsilon`` ``(S, out, in)``; :class:`NoiseDraw` fills them, seed by
+    seed from each seed's generator.
+    """
+
+    def __init__(self, layers: list[NoisyLinear]) -> None:
+        super().__init__()
+        first = layers[0]
+        self.seeds, self.in_features, self.out_features = (
+            len(layers), first.in_features, first.out_features
+        )  # fmt: skip
+        self.noise_enabled = True
+        for name in ("weight_mu", "weight_sigma", "bias_mu", "bias_sigma"):
+            stacked = torch.stack([getattr(lay, name).detach() for lay in layers])
+            setattr(self, name, nn.Parameter(stacked))
+        self.register_buffer("epsilon", torch.stack([lay.epsilon for lay in layers]))
+        self.register_buffer("weight_epsilon", torch.stack([lay.weight_epsilon for lay in layers]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.noise_enabled:
+            return torch.baddbmm(self.bias_mu.unsqueeze(1), x, self.weight_mu.transpose(1, 2))
+        weight = self.weight_mu + self.weight_sigma * self.weight_epsilon  # (S, out, in)
+        bias = self.bias_mu + self.bias_sigma * self.epsilon[:, self.in_features :]  # (S, out)
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+
+def stacked_noisy_layers(module: nn.Module) -> list[StackedNoisyLinear]:
+    """Every :class:`StackedNoisyLinear` inside ``module``, in order."""
+    return [m for m in module.modules() if isinstance(m, StackedNoisyLinear)]
+
+
+def stack_networks(networks: list[nn.Module]) -> nn.Module:
+    """One module computing ``networks[i]`` on input row block ``i``, for every ``i``.
+
+    The networks must share one architecture. Their linear layers are replaced by
+    stacked ones holding copies of their parameters and noise; everything else is the
+    first network's (so its forward must keep the seed axis apart: elementwise ops,
+    reductions over the last dimension). Raises ``ValueError`` for anything else.
+    """
+    if not networks:
+        raise ValueError("stack_networks needs at least one network")
+    names = [name for name, _ in networks[0].named_parameters()]
+    for net in networks[1:]:
+        if [name for name, _ in net.named_parameters()] != names:
+            raise ValueError("stack_networks needs networks of one architecture")
+    stacked = copy.deepcopy(networks[0])
+    modules = [dict(net.named_modules()) for net in networks]
+    for name, module in list(stacked.named_modules()):
+        if not name:
+            continue
+        if isinstance(module, NoisyLinear):
+            replacement: nn.Module = StackedNoisyLinear([m[name] for m in modules])
+        elif type(module) is nn.Linear:
+            replacement = StackedLinear([m[name] for m in modules])
+        elif any(p is not None for p in module.parameters(recurse=False)) or (
+            type(module) in (nn.Conv2d, nn.Flatten)
+        ):
+            raise ValueError(
+                f"stack_networks stacks linear layers only, not {type(module).__name__}"
+            )
+        else:
+            continue
+        parent, _, attr = name.rpartition(".")
+        setattr(stacked.get_submodule(parent) if parent else stacked, attr, replacement)
+    if hasattr(stacked, "_noisy"):  # QNetwork's list of its noisy layers
+        stacked._noisy = []
+    return stacked
+
+
+def with_own_noise(stacked: nn.Module) -> nn.Module:
+    """A copy of ``stacked`` that shares its parameters but has noise buffers (and noise
+    switches) of its own: what a learner updates through without touching the acting
+    noise."""
+    return copy.deepcopy(stacked, memo={id(p): p for p in stacked.parameters()})
+
+
+def seed_state_dict(stacked: nn.Module, seed_index: int) -> dict[str, torch.Tensor]:
+    """Seed ``seed_index``'s state dict: what its single network's ``state_dict()`` holds."""
+    return {
+        name: tensor[seed_index].clone() for name, tensor in stacked.state_dict().items()
+    }
+
+
+class NoiseDraw:
+    """Fresh factorised noise for stacked noisy layers, each seed from its own generator.
+
+    For each seed, one ``normal_`` call on that seed's generator draws every layer's
+    factors in order (so a seed's noise depends on its own generator only); then
+    f(x) = sgn(x) sqrt(|x|) and the outer products run once for all seeds.
+    ``seeds`` (indices) limits a draw to some seeds; the others keep their noise.
+    """
+
+    def __init__(self, layers: list[StackedNoisyLinear]) -> None:
+        self.layers = layers
+        if not layers:
+            self.raw = None
+            return
+        first = layers[0].epsilon
+        total = sum(layer.epsilon.shape[1] for layer in layers)
+        self.raw = torch.empty(first.shape[0], total, device=first.device, dtype=first.dtype)
+        self.sizes = [layer.epsilon.shape[1] for layer in layers]
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        generators: list[torch.Generator],
+        scale: float = 1.0,
+        seeds: list[int] | None = None,
+    ) -> None:
+        if self.raw is None:
+            return
+        which = range(len(generators)) if seeds is None else seeds
+        for i in which:
+            self.raw[i].normal_(generator=generators[i])
+        rows = slice(None) if seeds is None else torch.tensor(list(which), dtype=torch.long)
+        raw = self.raw[rows]  # (S', total)
+        factors = raw.sign() * raw.abs().sqrt()
+        start = 0
+        for layer, size in zip(self.layers, self.sizes, strict=True):
+            eps = factors[:, start : start + size]  # (S', in + out), a view of a fresh tensor
+            start += size
+            eps_in, eps_out = eps[:, : layer.in_features], eps[:, layer.in_features :]
+            if scale != 1.0:
+                eps_out.mul_(scale)  # the output factor, as NoisyLinear.reset_noise scales it
+            outer = torch.bmm(eps_out.unsqueeze(2), eps_in.unsqueeze(1))  # (S', out, in)
+            if seeds is None:
+                layer.epsilon.copy_(eps)
+                layer.weight_epsilon.copy_(outer)
+            else:
+                layer.epsilon[rows] = eps
+                layer.weight_epsilon[rows] = outer
+
