@@ -85,6 +85,12 @@ class Config:
     """Acting holds one noise sample for this many steps (1: fresh every step, as in the paper),
     or ``episode``: a new sample at every episode end (with num_envs > 1: whenever any
     sub-env's episode ends). Updates use their own noise and leave the acting noise alone."""
+    noise_on_repeat: bool = True
+    """Noisy exploration with held noise (noise_interval other than 1): draw a new sample
+    as soon as an observation repeats one seen earlier in the same episode. Under held noise
+    the policy is deterministic, so in a deterministic env a repeat is a loop the same noise
+    would replay until the time limit. Continuous observations practically never repeat
+    exactly, so this acts in gridworlds and toy text. See docs/exploration.md."""
     noisy_epsilon: float = 0.05
     """Noisy exploration only: probability of a uniform random action at each step after
     random_starts, on top of the noise. A floor for states where the noise has stopped

@@ -9,6 +9,7 @@ which is what lets a resumed run rebuild the environments exactly.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,11 +28,15 @@ class Episodes:
         num_envs: sub-environments of the vector env.
         seed: the run's seed; episode ``k`` of env ``i`` is reset with
             ``episode_seed(seed, i, k)``.
+        watch_repeats: keep each current episode's observations (a CRC-32 of their
+            bytes) for :meth:`observe`.
     """
 
-    def __init__(self, num_envs: int, seed: int) -> None:
+    def __init__(self, num_envs: int, seed: int, *, watch_repeats: bool = False) -> None:
         self.num_envs = num_envs
         self.seed = seed
+        self.watch_repeats = watch_repeats
+        self.seen: list[set[int]] = [set() for _ in range(num_envs)]
         self.index = np.zeros(num_envs, dtype=np.int64)  # episode number of each env
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
@@ -48,7 +53,21 @@ class Episodes:
         """Start the current episode of every env; returns the first observations."""
         obs, info = envs.reset(seed=self._seeds())
         self.lives = _lives(info, None)
+        self.seen = [set() for _ in range(self.num_envs)]
+        self.observe(obs)
         return obs
+
+    def observe(self, obs: np.ndarray) -> bool:
+        """Record every env's observation in its current episode; True if one of them was
+        seen before in that episode (always False unless ``watch_repeats``)."""
+        if not self.watch_repeats:
+            return False
+        repeated = False
+        for seen, o in zip(self.seen, obs, strict=True):
+            key = zlib.crc32(np.ascontiguousarray(o).data)
+            repeated |= key in seen
+            seen.add(key)
+        return repeated
 
     def step(self, actions: np.ndarray, rewards: np.ndarray, info: dict[str, Any]) -> np.ndarray:
         """Record one vector step; returns where a life was lost (all False without lives)."""
@@ -76,6 +95,7 @@ class Episodes:
             finished.append((float(self.returns[i]), int(self.lengths[i])))
             self.index[i] += 1
             self.returns[i], self.lengths[i], self.actions[i] = 0.0, 0, []
+            self.seen[i] = set()  # the caller observes the new episode's first observation
         obs, info = envs.reset(seed=self._seeds(done), options={"reset_mask": done})
         self.lives = _lives(info, self.lives)
         return obs, finished
@@ -121,14 +141,15 @@ class Episodes:
         return self.reset(envs)
 
     def _replay(self, envs: Any, actions: list[list[int]]) -> np.ndarray:
-        obs, info = envs.reset(seed=self._seeds())
-        self.lives = _lives(info, None)
+        obs = self.reset(envs)
         for i, episode_actions in enumerate(actions):
             sub_env = envs.envs[i]
             for a in episode_actions:
                 o, r, _, _, _ = sub_env.step(a)
                 self.returns[i] += float(r)
                 obs[i] = o
+                if self.watch_repeats:  # the episode's observations, as the run saw them
+                    self.seen[i].add(zlib.crc32(np.ascontiguousarray(o).data))
         self.lengths = np.array([len(a) for a in actions], dtype=np.int64)
         return obs
 

@@ -311,7 +311,8 @@ def prepare_run(
         noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
         epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
     )  # fmt: skip
-    episodes = Episodes(cfg.num_envs, cfg.seed)
+    held_noise = cfg.exploration == "noisy" and cfg.noise_interval != 1
+    episodes = Episodes(cfg.num_envs, cfg.seed, watch_repeats=held_noise and cfg.noise_on_repeat)
     run = Run(
         cfg, spec, run_dir, ran, envs, eval_envs, agent, episodes,
         Counters(learning_starts=cfg.learning_starts), [], np.empty(0), sample_generator,
@@ -450,6 +451,8 @@ def train(
                 counters.episodes += len(finished)
                 if cfg.noise_interval == "episode":
                     selector.new_noise()  # one noise sample per episode
+            if episodes.observe(next_obs):  # a repeat under held noise: a loop; break it
+                selector.new_noise()
             obs = next_obs
 
             # --- learn: one update per train_freq env steps, once learning has started ---

@@ -92,3 +92,47 @@ def test_lives_are_tracked_and_a_lost_life_is_reported() -> None:
         assert not (terminated | truncated).any()
         lost.append(bool(episodes.step(actions, rewards, info)[0]))
     assert lost == [False, False, False, True]  # one life every 4 steps
+
+
+LAKE = "FrozenLake-v1"  # with is_slippery=False: deterministic, and a wall keeps you in place
+
+
+def _lake(n: int):  # type: ignore[no-untyped-def]
+    return make_vector_env(LAKE, n, env_kwargs={"is_slippery": False})
+
+
+def test_observe_flags_an_observation_seen_earlier_in_the_same_episode() -> None:
+    envs = _lake(2)
+    episodes = Episodes(2, seed=0, watch_repeats=True)
+    episodes.reset(envs)
+    left, down = np.array([0, 0]), np.array([1, 1])
+    # From the start corner, left walks into the wall: the same cell again.
+    obs, *_ = envs.step(left)
+    assert episodes.observe(obs)
+    obs, *_ = envs.step(down)  # a new cell
+    assert not episodes.observe(obs)
+    # A new episode starts with nothing seen: the start cell is no repeat of the last one's.
+    obs, _ = episodes.finish(envs, np.array([True, True]))
+    assert not episodes.observe(obs)
+    # Without watch_repeats nothing is kept or flagged.
+    plain = Episodes(2, seed=0)
+    plain.reset(envs)
+    obs, *_ = envs.step(left)
+    assert not plain.observe(obs) and plain.seen == [set(), set()]
+
+
+def test_a_restored_run_flags_the_same_repeats() -> None:
+    rng = np.random.default_rng(4)
+    envs, episodes = _lake(2), Episodes(2, seed=1, watch_repeats=True)
+    obs = episodes.reset(envs)
+    for _ in range(3):
+        actions = rng.integers(4, size=2)
+        obs, rewards, terminated, truncated, info = envs.step(actions)
+        episodes.step(actions, rewards, info)
+        if (terminated | truncated).any():
+            obs, _ = episodes.finish(envs, terminated | truncated)
+        episodes.observe(obs)
+    restored = Episodes(2, seed=1, watch_repeats=True)
+    restored_obs = restored.restore(_lake(2), episodes.state_dict(obs), echo=pytest.fail)
+    assert restored.seen == episodes.seen  # rebuilt from the replayed episode
+    np.testing.assert_array_equal(restored_obs, obs)

@@ -846,3 +846,41 @@ def test_on_cuda_replay_lives_where_replay_storage_says(tmp_path: Path, storage:
     assert result.global_step == 800
     ran = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["replay_storage"]
     assert ran == ("device" if storage == "auto" else storage)  # 5,000 CartPole rows fit
+
+
+# Held noise, resampled when an observation repeats (noise_on_repeat): a deterministic lake
+# where walls keep the agent in place, and CartPole, whose observations never repeat.
+LOOPS = {**SHORT, "noise_interval": "episode", "random_starts": 0, "noisy_epsilon": 0.0}
+LAKE = {**LOOPS, "env_kwargs": {"is_slippery": False}, "eval_interval": 600, "save_buffer": True}
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")["q_network"]
+
+
+def test_noise_on_repeat_changes_nothing_where_nothing_repeats(tmp_path: Path) -> None:
+    for on in (True, False):
+        cfg = load_config("CartPole-v1", overrides={**LOOPS, "noise_on_repeat": on})
+        train(cfg, tmp_path / str(on), progress=False, echo=lambda _: None)
+    a, b = _weights(tmp_path / "True"), _weights(tmp_path / "False")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_noise_on_repeat_breaks_loops_and_resumes_exactly(tmp_path: Path) -> None:
+    runs = {}
+    for on in (True, False):
+        cfg = load_config("FrozenLake-v1", overrides={**LAKE, "noise_on_repeat": on})
+        train(cfg, tmp_path / str(on), progress=False, echo=lambda _: None)
+        runs[on] = _returns(tmp_path / str(on))
+    assert runs[True] != runs[False]  # the rule acted: other episodes were played
+
+    # Resumed mid-episode, the run flags the same repeats as the one that never stopped.
+    half = load_config("FrozenLake-v1", overrides={**LAKE, "total_steps": 1_000})
+    train(half, tmp_path / "b", progress=False, echo=lambda _: None)
+    data = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert any(len(a) > 0 for a in data["envs"]["ep_actions"])
+    whole = load_config("FrozenLake-v1", overrides=LAKE)
+    train(whole, tmp_path / "b", checkpoint=data, progress=False, echo=lambda _: None)
+    a, b = _weights(tmp_path / "True"), _weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _returns(tmp_path / "b") == runs[True]
