@@ -48,7 +48,19 @@ def _events(run_dir: Path) -> EventAccumulator:
 
 
 def _returns(run_dir: Path) -> list[tuple[int, float]]:
-    return [(e.step, e.value) for e in _events(run_dir).Scalars("charts/episodic_return")]
+    """Every logged episode return, in the order written, across a resumed run's event files.
+
+    Read file by file: a directory reader orders files by name, and two pieces of a short
+    test run started in the same second sort by their writer counter (``.10`` before
+    ``.8``), which makes it drop the earlier piece's events as out of order.
+    """
+    events = []
+    for path in run_dir.glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        acc.Reload()
+        if "charts/episodic_return" in acc.Tags()["scalars"]:
+            events += acc.Scalars("charts/episodic_return")
+    return [(e.step, e.value) for e in sorted(events, key=lambda e: (e.wall_time, e.step))]
 
 
 def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
