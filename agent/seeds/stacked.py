@@ -39,9 +39,8 @@ class StackedLinear(nn.Module):
     def __init__(self, layers: list[nn.Linear]) -> None:
         super().__init__()
         first = layers[0]
-        self.seeds, self.in_features, self.out_features = (
-            len(layers), first.in_features, first.out_features
-        )  # fmt: skip
+        self.seeds = len(layers)
+        self.in_features, self.out_features = first.in_features, first.out_features
         self.weight = nn.Parameter(torch.stack([lay.weight.detach() for lay in layers]))
         if first.bias is None:
             raise ValueError("StackedLinear needs layers with a bias")
@@ -63,9 +62,8 @@ class StackedNoisyLinear(nn.Module):
     def __init__(self, layers: list[NoisyLinear]) -> None:
         super().__init__()
         first = layers[0]
-        self.seeds, self.in_features, self.out_features = (
-            len(layers), first.in_features, first.out_features
-        )  # fmt: skip
+        self.seeds = len(layers)
+        self.in_features, self.out_features = first.in_features, first.out_features
         self.noise_enabled = True
         for name in ("weight_mu", "weight_sigma", "bias_mu", "bias_sigma"):
             stacked = torch.stack([getattr(lay, name).detach() for lay in layers])
