@@ -64,7 +64,7 @@ class Episodes:
             return False
         repeated = False
         for seen, o in zip(self.seen, obs, strict=True):
-            key = zlib.crc32(np.ascontiguousarray(o).data)
+            key = _key(o)
             repeated |= key in seen
             seen.add(key)
         return repeated
@@ -149,9 +149,14 @@ class Episodes:
                 self.returns[i] += float(r)
                 obs[i] = o
                 if self.watch_repeats:  # the episode's observations, as the run saw them
-                    self.seen[i].add(zlib.crc32(np.ascontiguousarray(o).data))
+                    self.seen[i].add(_key(o))
         self.lengths = np.array([len(a) for a in actions], dtype=np.int64)
         return obs
+
+
+def _key(obs: np.ndarray) -> int:
+    """An observation's key for :meth:`Episodes.observe`: a CRC-32 of its bytes."""
+    return zlib.crc32(np.ascontiguousarray(obs).data)
 
 
 def _lives(info: dict[str, Any], previous: np.ndarray | None) -> np.ndarray | None:

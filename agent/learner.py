@@ -23,6 +23,7 @@ __all__ = [
     "NonFiniteError",
     "RunningMetrics",
     "TDLoss",
+    "sync_parameters",
     "td_target",
 ]
 
@@ -53,6 +54,15 @@ def td_target(rewards: Array, discounts: Array, dones: Array, next_q: Array) -> 
     """``r + gamma^k (1 - done) Q_target(s', a*)``: termination bootstraps nothing.
     Tensors (the autograd backend) or numpy arrays (the numpy backend)."""
     return rewards + discounts * (1.0 - dones) * next_q
+
+
+@torch.no_grad()
+def sync_parameters(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
+    """Target network sync: a hard copy (``tau`` >= 1) or a Polyak average, in place."""
+    if tau >= 1.0:
+        torch._foreach_copy_(target, online)
+    else:
+        torch._foreach_lerp_(target, online, tau)
 
 
 class TDLoss:
@@ -240,13 +250,9 @@ class Learner:
         for layer in self._target_noisy:
             layer.reset_noise(scale=self.update_noise)
 
-    @torch.no_grad()
     def sync_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average of the online parameters into the target."""
-        if self.tau >= 1.0:
-            torch._foreach_copy_(self._target, self._online)
-        else:
-            torch._foreach_lerp_(self._target, self._online, self.tau)
+        sync_parameters(self._target, self._online, self.tau)
 
     def metrics(self) -> Metrics | None:
         """Means since the last call (one host read), or None without updates.

@@ -24,18 +24,17 @@ class NumpyForward:
         self.program = program
         self.dtype = program.dtype
         self.rng = rng
-        self.noise_layers = program.noisy_layers
         # All noise factors are drawn by one generator call into one buffer, then
         # scattered into the layers' epsilon views (f(eps_in), then f(eps_out)).
-        self._epsilons = [layer.epsilon for layer in program.linears]
-        self._weight_epsilons = [layer.weight_epsilon for layer in program.linears]
+        self._epsilons = [layer.epsilon for layer in program.noisy_linears]
+        self._weight_epsilons = [layer.weight_epsilon for layer in program.noisy_linears]
         sizes = [len(epsilon) for epsilon in self._epsilons]
         self._draw = np.empty(sum(sizes), dtype=self.dtype)
         self._scratch = np.empty(sum(sizes), dtype=self.dtype)
         ends = np.cumsum([0, *sizes]).tolist()
         self._segments = [
             (start, start + layer.layer.in_features, end)
-            for start, end, layer in zip(ends[:-1], ends[1:], program.linears, strict=True)
+            for start, end, layer in zip(ends[:-1], ends[1:], program.noisy_linears, strict=True)
         ]
 
     @classmethod

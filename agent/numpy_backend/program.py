@@ -101,9 +101,8 @@ class NumpyProgram:
     Build with :meth:`build`. :meth:`forward` with ``tape=True`` keeps the values the
     next :meth:`backward` needs; ``backward(grad_output)`` adds the gradient of
     ``sum(grad_output * output)`` with respect to every trainable parameter into the
-    sink's buffers. ``noisy_layers``: the NoisyLinear modules the program reads, in
-    order; ``linears``: their compiled layers (with ``epsilon`` and ``weight_epsilon``
-    views of the noise they read).
+    sink's buffers. ``noisy_linears``: its compiled noisy layers, in order, with
+    ``epsilon`` and ``weight_epsilon`` views of the noise they read.
     """
 
     def __init__(
@@ -123,8 +122,7 @@ class NumpyProgram:
         self._scratch: list[Any] = [None] * (len(nodes) + 1)
         self._switch = switch
         self.sink = sink
-        self.linears = [layer for layer in linears if layer.noisy]
-        self.noisy_layers = [layer.layer for layer in self.linears]
+        self.noisy_linears = [layer for layer in linears if layer.noisy]
 
     @classmethod
     def build(

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from agent.learner import BatchLike, NonFiniteError, TDLoss, td_target
+from agent.learner import BatchLike, NonFiniteError, TDLoss, sync_parameters, td_target
 from agent.optim import Adam
 from agent.seeds.stacked import NoiseDraw, stacked_noisy_layers, with_own_noise
 
@@ -117,13 +117,9 @@ class SeedLearner:
         for g in grads:
             g.mul_(scale.view(-1, *([1] * (g.dim() - 1))))
 
-    @torch.no_grad()
     def sync_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average of every seed's online parameters."""
-        if self.tau >= 1.0:
-            torch._foreach_copy_(self._target, self._online)
-        else:
-            torch._foreach_lerp_(self._target, self._online, self.tau)
+        sync_parameters(self._target, self._online, self.tau)
 
     def metrics(self) -> list[tuple[float, float]] | None:
         """Per seed, (mean TD loss, mean Q of the taken actions) since the last call (one
