@@ -5,7 +5,7 @@ evaluate a saved policy, resume an interrupted run.
     python run.py --eval RUN/checkpoints/best.pt          on the checkpoint's env (or --env)
     python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
-    python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   a sweep on Ray (agent/sweep/)
+    python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   many seeds (agent/sweep/)
 
 Every user error ends in one line naming the problem and the fix, with exit status 2.
 """
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--seeds",
         metavar="SEEDS",
-        help="train these seeds in parallel: a count (10), a range (1-10) or a list (3,5,8); "
+        help="train these seeds together in this process (networks stacked), or on Ray with "
+        "--ray-address: a count (10), a range (1-10) or a list (3,5,8); "
         "--run-dir names the sweep directory, --resume SWEEP_DIR runs what is missing",
     )
     sweep.add_argument(
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--ray-address",
         metavar="ADDRESS",
-        help="join this Ray cluster (HOST:PORT from `ray start --head`) instead of a local one",
+        help="train the sweep's trials on Ray, one process each: HOST:PORT of a cluster "
+        "(from `ray start --head`), or local to start Ray over this machine's cores",
     )
     sweep.add_argument(
         "--retries",

@@ -39,7 +39,7 @@ from agent.errors import UserError
 from agent.evaluate import Evaluator, json_ready
 from agent.exploration import Exploration
 from agent.frame_replay import FrameReplayBuffer
-from agent.learner import CapturedUpdate, Learner, NonFiniteError
+from agent.learner import CapturedUpdate, Learner, Metrics, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.replay import ReplayBuffer
@@ -84,7 +84,8 @@ class TrainResult:
     eval_curve: list[tuple[int, float]]
     """(env steps, mean noise-free return) of every periodic evaluation."""
     learner_backend: str = "torch"
-    """The learner backend that ran (``learner_backend: auto`` resolves to numpy or torch)."""
+    """The learner backend that ran (``learner_backend: auto`` resolves to numpy or torch;
+    ``stacked``: seeds trained together, ``agent/seeds``)."""
     stop_signal: int | None = None
     """The signal that interrupted the run (SIGINT 2, SIGTERM 15), if any."""
 
@@ -346,6 +347,7 @@ class Checkpoints:
 
     def __init__(self, run: Run, wall_time: Any) -> None:
         self.run, self.wall_time = run, wall_time
+        self.extra: Callable[[], dict[str, Any]] | None = None  # more for last.pt (a group's)
         self.dir = run.run_dir / "checkpoints"
 
     def policy(self) -> dict[str, Any]:
@@ -372,6 +374,8 @@ class Checkpoints:
             wall_time_s=self.wall_time(),
             **run.resumable,
         )
+        if self.extra is not None:
+            data.update(self.extra())
         save_checkpoint(self.dir / "last.pt", data)
 
     def save_best(self, obs: np.ndarray) -> None:
@@ -410,16 +414,8 @@ def train(
         )
         selector, replay, learner = run.agent.selector, run.agent.replay, run.agent.learner
         update = run.agent.update
-        monitor = Monitor(run.run_dir, cfg.total_steps, counters.global_step, progress)
+        monitor, checkpoints, evaluate = run_outputs(run, wall_start, progress, lambda: obs)
         cleanup.callback(_close_quietly, monitor)  # flushes the events, whatever happens
-        checkpoints = Checkpoints(run, lambda: run.wall_before + time.perf_counter() - wall_start)
-        evaluate = Evaluator(
-            run.agent.greedy, run.eval_envs, counters, seed=cfg.seed,
-            episodes=cfg.eval_episodes, confirm_episodes=cfg.confirm_episodes,
-            confirm_z=cfg.confirm_z, target_return=run.target_return,
-            early_stop=cfg.early_stop, curve=run.eval_curve, log=monitor.scalars,
-            on_best=lambda: checkpoints.save_best(obs),
-        )  # fmt: skip
         status: Literal["finished", "solved", "interrupted"] = "finished"
         n = cfg.num_envs
         announce(run, echo)
@@ -464,7 +460,7 @@ def train(
 
             # --- log: the only place tensors become floats ---
             if crossed(step, n, cfg.log_interval):
-                log_training(run, monitor, step)
+                log_training(run, monitor, step, learner.metrics(), learner.updates)
 
             # --- evaluate the noise-free policy; stop early once solved ---
             if cfg.eval_interval and crossed(step, n, cfg.eval_interval) and evaluate(step):
@@ -480,27 +476,62 @@ def train(
                 break
 
         # --- the end: save, then measure the final policy on fresh episodes ---
-        checkpoints.save_last(obs)
-        monitor.progress(counters.global_step)
-        final_eval = None if status == "interrupted" else evaluate.final(counters.global_step)
-        if final_eval is not None:
-            monitor.hparams(run.ran, {"eval/final_mean_return": final_eval})
-        result = TrainResult(
-            run_dir=str(run.run_dir),
-            status=status,
-            global_step=counters.global_step,
-            updates=learner.updates,
-            wall_time_s=checkpoints.wall_time(),
-            target_return=run.target_return,
-            solved_step=counters.solved_step,
-            best_eval_return=counters.best_eval,
-            final_eval_return=final_eval,
-            eval_curve=run.eval_curve,
-            stop_signal=stop.received,
-            learner_backend=learner.backend,
-        )
-        (run.run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
-        return result
+        return finish_run(run, monitor, checkpoints, evaluate, obs, status, stop.received)
+
+
+def run_outputs(
+    run: Run, wall_start: float, progress: bool, current_obs: Callable[[], np.ndarray]
+) -> tuple[Monitor, Checkpoints, Evaluator]:
+    """A run's TensorBoard monitor (the caller closes it), checkpoints and evaluator;
+    ``current_obs``: what a failed ``best.pt`` write saves ``last.pt`` with."""
+    cfg, counters = run.cfg, run.counters
+    monitor = Monitor(run.run_dir, cfg.total_steps, counters.global_step, progress)
+    checkpoints = Checkpoints(run, lambda: run.wall_before + time.perf_counter() - wall_start)
+    evaluate = Evaluator(
+        run.agent.greedy, run.eval_envs, counters, seed=cfg.seed,
+        episodes=cfg.eval_episodes, confirm_episodes=cfg.confirm_episodes,
+        confirm_z=cfg.confirm_z, target_return=run.target_return,
+        early_stop=cfg.early_stop, curve=run.eval_curve, log=monitor.scalars,
+        on_best=lambda: checkpoints.save_best(current_obs()),
+    )  # fmt: skip
+    return monitor, checkpoints, evaluate
+
+
+def finish_run(
+    run: Run,
+    monitor: Monitor,
+    checkpoints: Checkpoints,
+    evaluate: Evaluator,
+    obs: np.ndarray,
+    status: Literal["finished", "solved", "interrupted"],
+    stop_signal: int | None,
+    learner_backend: str | None = None,
+) -> TrainResult:
+    """The end of a run: save ``last.pt``, measure the final policy on fresh episodes
+    (not after an interruption), write ``result.json``. ``learner_backend``: where not
+    the run's own learner learned (a seed group's stacked one)."""
+    counters, learner = run.counters, run.agent.learner
+    checkpoints.save_last(obs)
+    monitor.progress(counters.global_step)
+    final_eval = None if status == "interrupted" else evaluate.final(counters.global_step)
+    if final_eval is not None:
+        monitor.hparams(run.ran, {"eval/final_mean_return": final_eval})
+    result = TrainResult(
+        run_dir=str(run.run_dir),
+        status=status,
+        global_step=counters.global_step,
+        updates=learner.updates,
+        wall_time_s=checkpoints.wall_time(),
+        target_return=run.target_return,
+        solved_step=counters.solved_step,
+        best_eval_return=counters.best_eval,
+        final_eval_return=final_eval,
+        eval_curve=run.eval_curve,
+        stop_signal=stop_signal,
+        learner_backend=learner_backend or learner.backend,
+    )
+    (run.run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
+    return result
 
 
 def announce(run: Run, echo: Any) -> None:
@@ -517,15 +548,17 @@ def announce(run: Run, echo: Any) -> None:
              "random_starts; --set random_starts=N to change it")
 
 
-def log_training(run: Run, monitor: Monitor, step: int) -> None:
-    """The training scalars at a log interval: losses, exploration, noise."""
-    cfg, learner, replay = run.cfg, run.agent.learner, run.agent.replay
-    metrics = learner.metrics()  # raises NonFiniteError on divergence
+def log_training(
+    run: Run, monitor: Monitor, step: int, metrics: Metrics | None, updates: int
+) -> None:
+    """The training scalars at a log interval: losses (``metrics``, the learner's means
+    since the last log), exploration, noise."""
+    cfg, replay = run.cfg, run.agent.replay
     scalars = {"charts/episodes": float(run.counters.episodes)}
     if metrics is not None:
         scalars["losses/td_loss"] = metrics.td_loss
         scalars["losses/q_values"] = metrics.q_values
-        scalars["charts/updates"] = float(learner.updates)
+        scalars["charts/updates"] = float(updates)
     scalars.update(run.exploration.scalars())
     scalars.update(noise_stats(run.agent.q_network))
     if len(replay) >= cfg.batch_size:  # how much the noise changes behaviour

@@ -71,6 +71,7 @@ def variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
     batch = make_batch((BATCH,), torch.device("cpu"))
     selector = ActionSelector(single, (4,), 1, "cpu", noise_interval=None)  # noise held
     obs = np.zeros((1, 4), dtype=np.float32)
+    selector(obs)  # picks its backend at the first call
 
     stacked = stack_networks(networks(seeds)).to(device)
     generators = [torch.Generator(device=device).manual_seed(i) for i in range(seeds)]

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from agent.learner import Learner
 from agent.networks import QNetwork
@@ -187,9 +188,18 @@ def test_a_stacked_update_is_every_seeds_own_update(kw: dict, backend: str, nois
         for name, value in single.target_network.state_dict().items():
             if "epsilon" not in name:  # the target's own noise buffers are the single's to draw
                 torch.testing.assert_close(target[name], value, rtol=1e-9, atol=1e-11)
+    # The optimizer's state, seed by seed, is each single learner's.
+    for state, single in zip(seeds.seed_states(), singles, strict=True):
+        expected = single.state_dict()
+        assert state["updates"] == expected["updates"]
+        assert state["optimizer"]["step"] == expected["optimizer"]["step"]
+        assert torch.equal(state["optimizer"]["steps"], expected["optimizer"]["steps"])
+        for name in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(state["optimizer"][name], expected["optimizer"][name],
+                                       rtol=1e-9, atol=1e-14)  # fmt: skip
     per_seed = seeds.metrics()
     assert per_seed is not None and len(per_seed) == S
-    for (loss, q), single in zip(per_seed, singles, strict=True):
+    for (loss, q, _), single in zip(per_seed, singles, strict=True):
         expected = single.metrics()
         assert expected is not None
         np.testing.assert_allclose([loss, q], [expected.td_loss, expected.q_values], rtol=1e-9)
@@ -237,3 +247,31 @@ def test_the_benchmark_times_what_it_names() -> None:
             assert out.shape == (seeds,)
         if isinstance(out, np.ndarray):  # actions: one per seed's observation
             assert out.shape in ((seeds, 1), (1,))
+
+
+def test_seed_states_load_back_into_a_stack_of_any_order() -> None:
+    """seed_states() of a stack, loaded into a stack of the same seeds reversed, gives
+    each seed its own optimizer state again, so its next update is the same."""
+    nets = _nets()
+    stacked = stack_networks(nets)
+    first = SeedLearner(stacked, copy.deepcopy(stacked), _generators(), lr=1e-2)
+    for step in range(3):
+        first.update(_stack(_batches(S, 16, seed=step)))
+    order = list(reversed(range(S)))
+    states = first.seed_states()
+    rebuilt = stack_networks([_with_state(nets[i], seed_state_dict(stacked, i)) for i in order])
+    second = SeedLearner(rebuilt, copy.deepcopy(rebuilt), [_generators()[i] for i in order],
+                         lr=1e-2)  # fmt: skip
+    second.load_seed_states([states[i] for i in order])
+    again = second.seed_states()
+    for j, i in enumerate(order):
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(again[j]["optimizer"][name], states[i]["optimizer"][name])
+    with pytest.raises(ValueError, match="same updates"):
+        second.load_seed_states([{**states[0], "updates": 7}, *states[1:]])
+
+
+def _with_state(net: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    copied = copy.deepcopy(net)
+    copied.load_state_dict(state)
+    return copied

@@ -103,9 +103,11 @@ def test_cli_without_ray_says_how_to_install(
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
     )
-    code = cli.main(["--env", "CartPole-v1", "--seeds", "3", "--run-dir", str(tmp_path / "s")])
+    argv = ["--env", "CartPole-v1", "--seeds", "3", "--run-dir", str(tmp_path / "s")]
+    code = cli.main([*argv, "--ray-address", "local"])
     err = capsys.readouterr().err
-    assert code == 2 and err == 'error: sweeps need Ray: pip install -e ".[sweep]"\n'
+    assert code == 2 and err.count("\n") == 1 and 'pip install -e ".[sweep]"' in err
+    assert not (tmp_path / "s").exists()
 
 
 def test_cli_resume_checks_the_directory(

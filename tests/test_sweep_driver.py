@@ -1,5 +1,5 @@
 """agent/sweep/driver.py: real sweeps on a local Ray (skipped without Ray): failures, retries,
-Ctrl-C and SIGTERM, and --resume."""
+Ctrl-C and SIGTERM, --resume, and seeds stacked in a task; how trials become tasks."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ import pytest
 from sweep_helpers import SHORT
 
 from agent import cli
+from agent.checkpoint import load_checkpoint
+from agent.seeds.group import GROUP_KEY
 from agent.sweep.cli import _trials_from_args
-from agent.sweep.driver import run_sweep
+from agent.sweep.driver import run_sweep, tasks
 from agent.sweep.stats import iqm
 from agent.sweep.trials import write_manifest
-from agent.sweep.worker import run_trial
+from agent.sweep.trials import build_trials
+from agent.sweep.worker import run_trials
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +39,7 @@ def test_sweep_on_local_ray_with_a_failing_grid_point_and_resume(
     # device=cuda:99 is type-valid and passes validation, but fails when the trial runs.
     argv = ["--env", "CartPole-v1", "--seeds", "2", "--grid", "device=cpu,cuda:99"]
     argv += ["--grid", "sigma0=0.1,0.5", *[a for a in SHORT if a not in ("--device", "cpu")]]
-    argv += ["--run-dir", str(sweep_dir), "--no-progress"]
+    argv += ["--run-dir", str(sweep_dir), "--no-progress", "--ray-address", "local"]
     assert cli.main(argv) == 1  # some trials failed; the others finished
     out = capsys.readouterr()
     assert "FAILED  device=cuda:99 sigma0=0.1 seed=1" in out.err
@@ -75,7 +78,7 @@ def test_sweep_on_local_ray_with_a_failing_grid_point_and_resume(
         for r in summary["trials"]
         if r["state"] == "done"
     }
-    assert cli.main(["--resume", str(sweep_dir), "--no-progress"]) == 1
+    assert cli.main(["--resume", str(sweep_dir), "--no-progress", "--ray-address", "local"]) == 1
     out = capsys.readouterr()
     assert "4 of 8 trials already finished: not run again" in out.out
     assert out.err.count("FAILED") == 4 and "device=cpu" not in out.err
@@ -83,12 +86,12 @@ def test_sweep_on_local_ray_with_a_failing_grid_point_and_resume(
         assert _mtimes(sweep_dir / run_dir) == mtimes
 
 
-def _crash_first_attempt(trial: dict, sweep_dir: str, sweep_id: str) -> dict:
-    marker = Path(sweep_dir) / f"crashed-{trial['seed']}"
-    if trial["seed"] == 1 and not marker.exists():
+def _crash_first_attempt(trials: list[dict], sweep_dir: str, sweep_id: str) -> list[dict]:
+    marker = Path(sweep_dir) / "crashed-1"
+    if any(t["seed"] == 1 for t in trials) and not marker.exists():
         marker.touch()
         os._exit(1)  # the worker process dies, as under the OOM killer
-    return run_trial(trial, sweep_dir, sweep_id)
+    return run_trials(trials, sweep_dir, sweep_id)
 
 
 @pytest.mark.slow
@@ -100,7 +103,7 @@ def test_a_killed_trial_is_retried(tmp_path: Path, capsys: pytest.CaptureFixture
     manifest = {"sweep_id": "s", **definition, "trials": [t.__dict__ for t in trials]}
     write_manifest(tmp_path, manifest)
     code = run_sweep(
-        tmp_path, manifest, trials, num_cpus=2, progress=False, trial_fn=_crash_first_attempt
+        tmp_path, manifest, trials, num_cpus=2, progress=False, trials_fn=_crash_first_attempt
     )
     assert code == 0
     assert "retry   seed=1: attempt 1 failed" in capsys.readouterr().err
@@ -124,6 +127,7 @@ def test_ctrl_c_and_sigterm_keep_finished_trials_and_resume_runs_the_rest(
     short = [a for a in SHORT if a not in ("--total-steps", "2000")]
     argv = ["run.py", "--env", "CartPole-v1", "--seeds", "2", *short, "--set", "eval_interval=0"]
     argv += ["--grid", "total_steps=2000,6000", "--run-dir", str(sweep_dir), "--no-progress"]
+    argv += ["--ray-address", "local"]
     proc = subprocess.Popen(
         [sys.executable, *argv],
         cwd=ROOT,
@@ -155,9 +159,34 @@ def test_ctrl_c_and_sigterm_keep_finished_trials_and_resume_runs_the_rest(
     assert len(json.loads((sweep_dir / "sweep.json").read_text())["trials"]) == 4
     mtimes = {d: _mtimes(d) for d in done_before}
     # Only the unfinished trials run, continuing from their checkpoints.
-    code = cli.main(["--resume", str(sweep_dir), "--no-progress"])
+    code = cli.main(["--resume", str(sweep_dir), "--no-progress", "--ray-address", "local"])
     assert code == 0
     for d, m in mtimes.items():
         assert _mtimes(d) == m
     summary = json.loads((sweep_dir / "summary.json").read_text())
     assert summary["complete"] and summary["trials_done"] == 4
+
+
+def test_a_task_stacks_a_grid_points_seeds_to_fill_the_cpus() -> None:
+    trials = build_trials("CartPole-v1", None, {}, [1, 2, 3, 4, 5], {"sigma0": [0.1, 0.5]})
+    units = tasks(trials, 4, lambda t: True)  # 10 trials on 4 CPUs: 3 seeds a task
+    assert [[t.seed for t in u] for u in units] == [[1, 2, 3], [4, 5]] * 2
+    assert all(len({t.label for t in u}) == 1 for u in units)  # one grid point per task
+    assert [len(u) for u in tasks(trials, 16, lambda t: True)] == [1] * 10
+    assert [len(u) for u in tasks(trials, 1, lambda t: True)] == [5, 5]
+    assert [len(u) for u in tasks(trials, 1, lambda t: False)] == [1] * 10  # images
+
+
+@pytest.mark.slow
+def test_seeds_stacked_in_ray_tasks_are_ordinary_trials(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    args = cli.build_parser().parse_args(["--env", "CartPole-v1", "--seeds", "4", *SHORT])
+    trials, definition = _trials_from_args(args)
+    manifest = {"sweep_id": "s", **definition, "trials": [t.__dict__ for t in trials]}
+    write_manifest(tmp_path, manifest)
+    assert run_sweep(tmp_path, manifest, trials, num_cpus=2, progress=False) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["trials_done"] == 4
+    for t in trials:  # two tasks of two seeds, each seed a run directory of its own
+        last = load_checkpoint(tmp_path / t.run_dir / "checkpoints" / "last.pt")
+        assert GROUP_KEY in last and last["counters"]["global_step"] == 2000

@@ -8,11 +8,11 @@ from typing import Literal
 import torch
 from torch import nn
 
-from agent.learner import BatchLike, NonFiniteError, TDLoss, sync_parameters, td_target
+from agent.learner import BatchLike, Metrics, TDLoss, sync_parameters, td_target
 from agent.optim import Adam
 from agent.seeds.stacked import NoiseDraw, stacked_noisy_layers, with_own_noise
 
-__all__ = ["SeedLearner"]
+__all__ = ["SeedLearner", "diverged"]
 
 
 class SeedLearner:
@@ -80,15 +80,17 @@ class SeedLearner:
         device); returns the seeds' losses, ``(S,)``."""
         if self.draws:
             self._noise(self.generators, scale=self.update_noise)
-        batch_size = batch.obs.shape[1]
 
-        # One online forward over obs and next_obs together, as Learner does.
-        obs_both = torch.cat([batch.obs, batch.next_obs], dim=1)
-        q_both = self.online_for_update(obs_both)  # (S, 2B, A)
-        q, q_next_online = q_both[:, :batch_size], q_both[:, batch_size:].detach()
+        # The online network's next-state values in a forward of their own, without
+        # autograd: with the states in one forward (as Learner does) the backward would
+        # run its batched matmuls over both halves, twice the arithmetic for a zero half.
+        q = self.online_for_update(batch.obs)  # (S, B, A)
         with torch.no_grad():
             q_next_target = self.target_for_update(batch.next_obs)  # (S, B, A)
-            chooser = q_next_online if self.double_dqn else q_next_target
+            if self.double_dqn:
+                chooser = self.online_for_update(batch.next_obs)
+            else:
+                chooser = q_next_target
             next_q = q_next_target.gather(2, chooser.argmax(dim=2, keepdim=True)).squeeze(2)
             target = td_target(batch.rewards, batch.discounts, batch.dones, next_q)  # (S, B)
         q_taken = q.gather(2, batch.actions.unsqueeze(2)).squeeze(2)  # (S, B)
@@ -121,19 +123,23 @@ class SeedLearner:
         """Hard copy (tau = 1) or Polyak average of every seed's online parameters."""
         sync_parameters(self._target, self._online, self.tau)
 
-    def metrics(self) -> list[tuple[float, float]] | None:
-        """Per seed, (mean TD loss, mean Q of the taken actions) since the last call (one
-        host read), or None without updates. Raises :class:`~agent.learner.NonFiniteError`
-        naming the seeds whose loss or Q stopped being finite."""
+    def metrics(self) -> list[Metrics] | None:
+        """Per seed, the means of (TD loss, Q of the taken actions) since the last call (one
+        host read), or None without updates. Non-finite means are returned as they are:
+        which seeds diverged is the caller's to act on (:func:`diverged`)."""
         if self._count == 0:
             return None
         means = (self._sums / self._count).tolist()
+        count = self._count
         self._sums.zero_()
         self._count = 0
-        bad = [i for i, (loss, q) in enumerate(means) if not math.isfinite(loss + q)]
-        if bad:
-            raise NonFiniteError(f"non-finite TD loss or Q for seed indices {bad}")
-        return [(loss, q) for loss, q in means]
+        return [Metrics(loss, q, count) for loss, q in means]
+
+    def take_running(self, other: SeedLearner, rows: list[int]) -> None:
+        """Continue ``other``'s metric sums since its last :meth:`metrics` call, for its
+        seeds ``rows`` (a learner rebuilt for fewer seeds)."""
+        self._sums.copy_(other._sums[rows])
+        self._count = other._count
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
@@ -141,3 +147,57 @@ class SeedLearner:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+
+    def seed_states(self) -> list[dict]:
+        """Each seed's learner state in :meth:`Learner.state_dict <agent.learner.Learner.
+        state_dict>`'s format: what that seed's single learner would hold."""
+        state = self.optimizer.state_dict()
+        moments = {name: self._split(state[name]) for name in ("exp_avg", "exp_avg_sq")}
+        return [
+            {
+                "optimizer": {**state, **{name: parts[i] for name, parts in moments.items()}},
+                "updates": self.updates,
+            }
+            for i in range(self.seeds)
+        ]
+
+    def load_seed_states(self, states: list[dict]) -> None:
+        """Load S single learners' states (:meth:`seed_states`' format). They must agree
+        on the update count and the optimizer's step counts, as seeds stepped together do."""
+        if len(states) != self.seeds:
+            raise ValueError(f"{self.seeds} seeds need as many states, got {len(states)}")
+        first = states[0]["optimizer"]
+        for state in states[1:]:
+            opt = state["optimizer"]
+            if state["updates"] != states[0]["updates"] or opt["step"] != first["step"] or (
+                not torch.equal(opt["steps"], first["steps"])
+            ):
+                raise ValueError("seeds stacked together must have made the same updates")
+        joined = {
+            name: self._join([state["optimizer"][name] for state in states])
+            for name in ("exp_avg", "exp_avg_sq")
+        }
+        self.load_state_dict({"optimizer": {**first, **joined}, "updates": states[0]["updates"]})
+
+    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A flat buffer over the stacked parameters -> each seed's flat buffer over its own."""
+        parts, offset = [], 0
+        for p in self._online:  # each (S, ...): seed blocks one after another
+            parts.append(flat[offset : offset + p.numel()].reshape(self.seeds, -1))
+            offset += p.numel()
+        return [row.clone() for row in torch.cat(parts, dim=1)]
+
+    def _join(self, flats: list[torch.Tensor]) -> torch.Tensor:
+        """The inverse of :meth:`_split`."""
+        rows = torch.stack([f.to(self._online[0].device) for f in flats])  # (S, per seed)
+        parts, offset = [], 0
+        for p in self._online:
+            size = p[0].numel()
+            parts.append(rows[:, offset : offset + size].reshape(-1))
+            offset += size
+        return torch.cat(parts)
+
+
+def diverged(metrics: list[Metrics]) -> list[int]:
+    """Indices of the seeds whose loss or Q stopped being finite."""
+    return [i for i, m in enumerate(metrics) if not math.isfinite(m.td_loss + m.q_values)]

@@ -24,6 +24,7 @@ from typing import Any
 from agent.cli import command
 from agent.errors import UserError
 from agent.sweep.driver import check_address, run_sweep
+from agent.sweep.local import check_local, run_local
 from agent.sweep.trials import (
     MANIFEST,
     Trial,
@@ -36,7 +37,10 @@ from agent.sweep.trials import (
 
 __all__ = ["cmd_sweep", "default_sweep_dir", "parse_grid", "parse_seeds"]
 
-INSTALL_HINT = 'sweeps need Ray: pip install -e ".[sweep]"'
+INSTALL_HINT = (
+    '--ray-address needs Ray: pip install -e ".[sweep]", or drop --ray-address to train '
+    "the seeds in this process"
+)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -203,6 +207,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.retries is not None and args.retries < 0:
         raise UserError(f"--retries must be >= 0, got {args.retries}")
     retries = 1 if args.retries is None else args.retries
+    # Ray only where asked for: --ray-address HOST:PORT joins a cluster, "local" starts
+    # one over this machine's cores; otherwise the seeds train stacked in this process.
+    use_ray = args.ray_address is not None
+    ray_address = None if args.ray_address == "local" else args.ray_address
     if args.resume:
         sweep_dir = Path(args.resume)
         if not is_sweep_dir(sweep_dir):
@@ -221,11 +229,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     f"{sweep_dir} holds a different sweep than these flags describe: resume it "
                     f"with {command()} --resume {sweep_dir} alone, or pass another --run-dir"
                 )
-        _require_ray_if_needed(sweep_dir, trials)
+        if use_ray:
+            _require_ray_if_needed(sweep_dir, trials)
     else:
         trials, definition = _trials_from_args(args)
-        if args.ray_address is not None:
-            check_address(args.ray_address)  # before anything is written
+        if ray_address is not None:
+            check_address(ray_address)  # before anything is written
         sweep_dir = Path(args.run_dir) if args.run_dir else default_sweep_dir(args.env)
         if is_sweep_dir(sweep_dir):
             raise UserError(
@@ -234,7 +243,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             )
         if sweep_dir.exists() and (not sweep_dir.is_dir() or any(sweep_dir.iterdir())):
             raise UserError(f"{sweep_dir} exists and is not empty: pass another --run-dir")
-        _require_ray()  # after every check of the user's input, before anything is written
+        if use_ray:
+            _require_ray()  # after every check of the user's input, before anything is written
+        else:
+            check_local(trials)
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -250,12 +262,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "trials": [t.__dict__ for t in trials],
         }
         write_manifest(sweep_dir, manifest)
+    if not use_ray:
+        return run_local(sweep_dir, manifest, trials, progress=not args.no_progress)
     try:
         return run_sweep(
             sweep_dir,
             manifest,
             trials,
-            ray_address=args.ray_address,
+            ray_address=ray_address,
             retries=retries,
             progress=not args.no_progress,
         )

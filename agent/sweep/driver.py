@@ -1,10 +1,13 @@
 """The sweep's driver: start or join Ray, run every trial that is not done, write the summary.
 
-Each trial is one plain Ray task with one CPU that calls :func:`agent.sweep.worker.run_trial`
-with one torch thread. Plain tasks rather than Ray Tune: a seed x grid sweep is a fixed list
-of independent trials (no search algorithm, no scheduler), and keeping the state in our own
-run directories (not in Tune's experiment pickles) makes ``--resume``, retries and the
-summary readable and checkable file by file; it also needs only the ``ray`` core package.
+Each Ray task has one CPU and one torch thread and trains some seeds of one grid point
+together, their networks stacked (:func:`agent.sweep.worker.run_trials`): as many seeds
+per task as it takes to give every CPU one task (one seed per task where the env's
+observations are images, which do not stack yet). Plain tasks rather than Ray Tune: a
+seed x grid sweep is a fixed list of independent trials (no search algorithm, no
+scheduler), and keeping the state in our own run directories (not in Tune's experiment
+pickles) makes ``--resume``, retries and the summary readable and checkable file by
+file; it also needs only the ``ray`` core package.
 
 Ray is imported when a sweep starts (:func:`run_sweep`), not with this module.
 """
@@ -12,6 +15,7 @@ Ray is imported when a sweep starts (:func:`run_sweep`), not with this module.
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import socket
 import sys
@@ -26,9 +30,17 @@ from agent.cli import command
 from agent.errors import UserError
 from agent.sweep.report import format_number, write_summary
 from agent.sweep.trials import DONE, Trial, read_result, trial_state
-from agent.sweep.worker import run_trial, unpack
+from agent.sweep.worker import run_trials, unpack
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "check_address", "run_sweep"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "check_address",
+    "done_line",
+    "end_sweep",
+    "run_sweep",
+    "tasks",
+]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports after Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM: what a scheduler expects after its SIGTERM
@@ -202,7 +214,7 @@ def run_sweep(
     num_cpus: int | None = None,
     retries: int = 1,
     progress: bool = True,
-    trial_fn: Callable[..., dict[str, Any]] = run_trial,
+    trials_fn: Callable[..., list[dict[str, Any]]] = run_trials,
     stop_grace_s: float = 60.0,
     out: Any = None,
 ) -> int:
@@ -238,14 +250,30 @@ def run_sweep(
                     flush=True,
                 )
                 interrupted = _drive(
-                    ray, sweep_dir, manifest, todo, retries, trial_fn, display, failed, stop_grace_s
-                )
+                    ray, sweep_dir, manifest, todo, retries, trials_fn, display, failed,
+                    stop_grace_s,
+                )  # fmt: skip
             except KeyboardInterrupt:  # outside _drive, which stops its own trials: none run
                 interrupted = True
             finally:
                 display.close()
                 ray.shutdown()
-    wall = time.perf_counter() - start
+    return end_sweep(
+        sweep_dir, manifest, trials, time.perf_counter() - start, interrupted,
+        sigterm.received, out,
+    )  # fmt: skip
+
+
+def end_sweep(
+    sweep_dir: Path,
+    manifest: dict[str, Any],
+    trials: list[Trial],
+    wall: float,
+    interrupted: bool,
+    sigterm: bool,
+    out: Any,
+) -> int:
+    """Write and print the summary, say how to continue; returns the exit status."""
     summary, text, note = write_summary(sweep_dir, manifest, trials, wall)
     print("\n" + text, file=out)
     print(f"summary: {sweep_dir}/summary.md, {sweep_dir}/summary.json", file=out)
@@ -259,7 +287,7 @@ def run_sweep(
             f"run the rest with: {command()} --resume {sweep_dir}",
             file=out,
         )
-        return EXIT_TERMINATED if sigterm.received else EXIT_INTERRUPTED
+        return EXIT_TERMINATED if sigterm else EXIT_INTERRUPTED
     if summary["trials_failed"]:
         print(
             f"{summary['trials_failed']} trial(s) failed (see summary.md); retry them with: "
@@ -270,71 +298,118 @@ def run_sweep(
     return 0
 
 
+def done_line(name: str, result: dict[str, Any]) -> str:
+    """How one trial ended, for the sweep's display."""
+    final = result.get("final_eval_return")
+    solved = result.get("solved_step")
+    how = f"solved at {solved}" if solved is not None else "finished"
+    return (
+        f"done    {name}: {how}, final return {format_number(final)}, "
+        f"{result['wall_time_s']:.0f} s"
+    )
+
+
+def tasks(todo: list[Trial], cpus: int, stacks: Callable[[Trial], bool]) -> list[list[Trial]]:
+    """The trials as Ray tasks: each grid point's seeds in chunks of ``ceil(len(todo) /
+    cpus)``, so that every CPU gets work and each task stacks as many seeds as it can;
+    one trial per task for a grid point whose trials do not ``stacks``."""
+    size = max(1, math.ceil(len(todo) / max(1, cpus)))
+    points: dict[str, list[Trial]] = {}
+    for t in todo:
+        points.setdefault(t.label, []).append(t)
+    units: list[list[Trial]] = []
+    for group in points.values():
+        step = size if stacks(group[0]) else 1
+        units += [group[i : i + step] for i in range(0, len(group), step)]
+    return units
+
+
+def _stacks(trial: Trial) -> bool:
+    """True when the trial's env has vector observations (its seeds can stack)."""
+    from envs import inspect_env
+
+    try:
+        spec = inspect_env(trial.config["env_id"], trial.config.get("env_kwargs") or {},
+                           trial.config.get("wrappers") or [])  # fmt: skip
+    except Exception:  # the trial reports it when it runs
+        return False
+    return len(spec.obs_shape) == 1
+
+
 def _drive(
     ray: Any,
     sweep_dir: Path,
     manifest: dict[str, Any],
     todo: list[Trial],
     retries: int,
-    trial_fn: Callable[..., dict[str, Any]],
+    trials_fn: Callable[..., list[dict[str, Any]]],
     display: _Display,
     failed: dict[str, str],
     stop_grace_s: float,
 ) -> bool:
-    """Submit trials as CPUs free up, collect results, retry crashes. True if interrupted."""
-    remote = ray.remote(num_cpus=1, max_retries=0)(trial_fn)
-    queue: deque[Trial] = deque(todo)
+    """Submit tasks as CPUs free up, collect results, retry crashes. True if interrupted."""
+    remote = ray.remote(num_cpus=1, max_retries=0)(trials_fn)
+    capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    queue: deque[list[Trial]] = deque(tasks(todo, capacity, _stacks))
     attempts: dict[str, int] = {}
-    in_flight: dict[Any, Trial] = {}
+    in_flight: dict[Any, list[Trial]] = {}
     sweep_id = manifest["sweep_id"]
 
-    def submit(t: Trial) -> None:
-        attempts[t.name] = attempts.get(t.name, 0) + 1
-        in_flight[remote.remote(t.__dict__, str(sweep_dir.resolve()), sweep_id)] = t
-        display.running = len(in_flight)
+    def submit(unit: list[Trial]) -> None:
+        attempts[unit[0].name] = attempts.get(unit[0].name, 0) + 1
+        ref = remote.remote([t.__dict__ for t in unit], str(sweep_dir.resolve()), sweep_id)
+        in_flight[ref] = unit
+        display.running = sum(len(u) for u in in_flight.values())
+
+    def fail(t: Trial, line: str, details: str) -> None:
+        run_dir = sweep_dir / t.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / "error.txt").exists():
+            (run_dir / "error.txt").write_text(f"{line}\n\n{details}")
+        failed[t.name] = line
+        display.failed += 1
+        display.event(f"FAILED  {t.name}: {line}")
 
     def collect(ref: Any, stopping: bool) -> None:
-        t = in_flight.pop(ref)
-        display.running = len(in_flight)
-        run_dir = sweep_dir / t.run_dir
+        unit = in_flight.pop(ref)
+        display.running = sum(len(u) for u in in_flight.values())
         try:
-            res = ray.get(ref)
+            results = ray.get(ref)
         except Exception as e:
             if stopping or type(e).__name__ == "TaskCancelledError":
                 return
             line = _error_line(e)
-            if not _deterministic(e) and attempts[t.name] <= retries:
-                display.event(f"retry   {t.name}: attempt {attempts[t.name]} failed: {line}")
-                queue.append(t)
+            rest = [t for t in unit if trial_state(sweep_dir, t) != "done"]
+            if not _deterministic(e) and attempts[unit[0].name] <= retries and rest:
+                display.event(f"retry   {unit[0].name}: attempt {attempts[unit[0].name]} "
+                              f"failed: {line}")  # fmt: skip
+                attempts[rest[0].name] = attempts[unit[0].name]
+                queue.append(rest)
                 return
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "error.txt").write_text(
-                f"{line}\n\nattempts: {attempts[t.name]}\n\n"
-                + "".join(traceback.format_exception(e))
+            details = f"attempts: {attempts[unit[0].name]}\n\n" + "".join(
+                traceback.format_exception(e)
             )
-            failed[t.name] = line
-            display.failed += 1
-            display.event(f"FAILED  {t.name}: {line}")
+            for t in rest:
+                fail(t, line, details)
             return
-        if res.get("archive") and read_result(run_dir) is None:
-            unpack(res["archive"], run_dir)
-        if res["status"] not in DONE:  # stopped by its own SIGINT
-            return
-        display.done += 1
-        final = res.get("final_eval_return")
-        if final is not None and (display.best is None or final > display.best[0]):
-            display.best = (final, t.name)
-        solved = (
-            f"solved at {res['solved_step']}" if res.get("solved_step") is not None else "finished"
-        )
-        display.event(
-            f"done    {t.name}: {solved}, final return {format_number(final)}, "
-            f"{res['wall_time_s']:.0f} s | {display.counts()}"
-        )
+        for t, res in zip(unit, results, strict=True):
+            if "error" in res:  # this seed failed alone (diverged)
+                fail(t, res["error"], res["error"])
+                continue
+            run_dir = sweep_dir / t.run_dir
+            if res.get("archive") and read_result(run_dir) is None:
+                unpack(res["archive"], run_dir)
+            if res["status"] not in DONE:  # stopped by its own SIGINT
+                continue
+            display.done += 1
+            final = res.get("final_eval_return")
+            if final is not None and (display.best is None or final > display.best[0]):
+                display.best = (final, t.name)
+            display.event(f"{done_line(t.name, res)} | {display.counts()}")
 
     try:
         while queue or in_flight:
-            capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))  # nodes may join
             while queue and len(in_flight) < capacity:
                 submit(queue.popleft())
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
@@ -344,7 +419,7 @@ def _drive(
         return False
     except KeyboardInterrupt:
         display.event(
-            f"stopping: {len(in_flight)} running trial(s) save a checkpoint and stop "
+            f"stopping: {len(in_flight)} running task(s) save a checkpoint and stop "
             "(Ctrl-C again to kill them)"
         )
         try:

@@ -1,0 +1,432 @@
+"""S seeds in one process: ordinary runs stepped together, their networks stacked.
+
+Each seed is a run as :func:`agent.train.train` builds it (:func:`~agent.train.prepare_run`):
+its own environments, replay, episodes, exploration, counters, evaluation, TensorBoard
+events, checkpoints and ``result.json``, in a run directory of its own. Only acting and
+learning run on the stack (:class:`SeedStack`): one batched forward per step for every
+seed's action, one batched update for every seed's gradient step.
+
+Every random stream is the seed's own: its network's initialisation, its episodes, its
+exploration and replay sampling (as in a single run), and its acting and update noise
+(generators of the group's, :func:`stream_generator`). So no seed's run depends on which
+other seeds share the process, or on when they stop.
+
+The seeds' own networks, targets and learners are written from the stack
+(:meth:`SeedStack.write_back`) before anything reads them (logging, evaluation,
+checkpoints), so a seed's ``last.pt`` and ``best.pt`` are ordinary checkpoints that
+``--eval``, ``--video`` and ``--export`` take as they are. ``last.pt`` also holds the
+group's noise streams (``seed_group``), with which a group resumes exactly.
+
+A seed that solves its env (early stop) or diverges leaves the stack, and the rest go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from agent.config import Config
+from agent.errors import UserError
+from agent.evaluate import Evaluator
+from agent.learner import NonFiniteError
+from agent.monitor import Monitor
+from agent.replay import ReplayBuffer
+from agent.replay_base import Batch
+from agent.seeds.learner import SeedLearner, diverged
+from agent.seeds.stacked import NoiseDraw, seed_state_dict, stack_networks, stacked_noisy_layers
+from agent.signals import StopSignals
+from agent.train import (
+    Checkpoints,
+    Run,
+    TrainResult,
+    _close_quietly,
+    crossed,
+    finish_run,
+    log_training,
+    prepare_run,
+    run_outputs,
+)
+from envs import inspect_env
+
+__all__ = [
+    "GROUP_KEY",
+    "SeedStack",
+    "check_groupable",
+    "check_memory",
+    "resume_groups",
+    "stream_generator",
+    "train_group",
+]
+
+GROUP_KEY = "seed_group"
+"""The key of ``last.pt`` that holds a seed's group-only state (its noise streams)."""
+
+# Streams of SeedSequence([seed, stream]): 2 is the exploration's, 3 the log probes'.
+ACT_STREAM, UPDATE_STREAM = 10, 11
+
+
+def stream_generator(seed: int, stream: int, device: torch.device) -> torch.Generator:
+    """A torch generator for one of a seed's random streams, independent of every other
+    seed's and stream's."""
+    value = np.random.SeedSequence([seed, stream]).generate_state(2, dtype=np.uint32)
+    return torch.Generator(device=device).manual_seed(int(value[0]) << 31 | int(value[1]) >> 1)
+
+
+def check_groupable(cfgs: list[Config]) -> None:
+    """A :class:`UserError` naming what keeps these configs from training as one group."""
+    first = cfgs[0].to_dict()
+    for cfg in cfgs[1:]:
+        differ = [k for k, v in cfg.to_dict().items() if k != "seed" and v != first[k]]
+        if differ:
+            raise UserError(
+                f"seeds of one group must share their config, but {differ[0]} differs: "
+                "run them as separate groups"
+            )
+    if len({cfg.seed for cfg in cfgs}) != len(cfgs):
+        raise UserError("a seed is listed twice: list each seed once")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``), or None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(cfg: Config, obs_shape: tuple[int, ...], obs_dtype: str, seeds: int) -> None:
+    """A :class:`UserError` when the seeds' replay buffers (one per seed, allocated up
+    front) would not fit in the memory available, before anything is allocated."""
+    each = ReplayBuffer.storage_bytes(
+        cfg.buffer_size, obs_shape, np.dtype(obs_dtype), getattr(torch, cfg.dtype)
+    )
+    free = available_memory()
+    if free is not None and seeds * each > 0.9 * free:
+        raise UserError(
+            f"{seeds} seeds need {seeds * each / 2**30:.1f} GiB of replay "
+            f"({each / 2**30:.2f} GiB each, buffer_size {cfg.buffer_size:,}) but "
+            f"{free / 2**30:.1f} GiB is available: train fewer seeds at a time "
+            "(--seeds 1-8, then --seeds 9-16) or --set buffer_size=N"
+        )
+
+
+@dataclass
+class Seed:
+    """One seed of a group: its run and the loop's per-seed state."""
+
+    run: Run
+    monitor: Monitor
+    checkpoints: Checkpoints
+    evaluate: Evaluator
+    act_generator: torch.Generator
+    update_generator: torch.Generator
+    noise_step: int = 0
+    """Acting calls since the last noise draw (``ActionSelector``'s counter)."""
+
+    def group_state(self) -> dict[str, Any]:
+        return {
+            GROUP_KEY: {
+                "act_generator": self.act_generator.get_state(),
+                "update_generator": self.update_generator.get_state(),
+                "noise_step": self.noise_step,
+            }
+        }
+
+
+class SeedStack:
+    """The stacked networks, learner and acting noise of the seeds still training.
+
+    Built from the seeds' own networks and learners (so a stack can be rebuilt from them
+    at any time: when a seed leaves, or on a resume); :meth:`write_back` puts the stack's
+    state back into them.
+    """
+
+    def __init__(
+        self, seeds: list[Seed], cfg: Config, carry: tuple[SeedLearner, list[int]] | None = None
+    ) -> None:
+        self.seeds = seeds
+        agents = [s.run.agent for s in seeds]
+        self.q_network = stack_networks([a.q_network for a in agents])
+        self.target_network = stack_networks([a.target_network for a in agents])
+        self.target_network.requires_grad_(False)
+        noisy = cfg.exploration == "noisy"
+        self.learner = SeedLearner(
+            self.q_network,
+            self.target_network,
+            [s.update_generator for s in seeds],
+            lr=cfg.lr,
+            adam_eps=cfg.adam_eps,
+            double_dqn=cfg.double_dqn,
+            loss=cfg.loss,
+            huber_delta=cfg.huber_delta,
+            max_grad_norm=cfg.max_grad_norm,
+            tau=cfg.tau,
+            noise=noisy,
+            update_noise=cfg.update_noise,
+        )
+        self.learner.load_seed_states([a.learner.state_dict() for a in agents])
+        if carry is not None:  # the loss sums since the last log, of the seeds kept
+            self.learner.take_running(*carry)
+        layers = stacked_noisy_layers(self.q_network)
+        for layer in layers:  # epsilon-greedy acts on the mean weights
+            layer.noise_enabled = noisy
+        self._draw = NoiseDraw(layers) if noisy and layers else None
+        self.noise_interval = None if cfg.noise_interval == "episode" else cfg.noise_interval
+        self.steps = np.array([s.noise_step for s in seeds], dtype=np.int64)
+        self.device = next(self.q_network.parameters()).device
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions ``(S, n)`` for observations ``(S, n, *obs_shape)``; noise is
+        drawn for the seeds whose noise is due, as ``ActionSelector`` draws it."""
+        if self._draw is not None:
+            interval = self.noise_interval
+            due = self.steps == 0 if interval is None else self.steps % interval == 0
+            if due.any():
+                which = None if due.all() else np.flatnonzero(due).tolist()
+                self._draw([s.act_generator for s in self.seeds], seeds=which)
+        self.steps += 1
+        with torch.inference_mode():
+            q = self.q_network(torch.from_numpy(obs).to(self.device))  # (S, n, A)
+            return q.argmax(dim=2).cpu().numpy()
+
+    def new_noise(self, index: int) -> None:
+        """Seed ``index`` draws fresh acting noise at the next call."""
+        self.steps[index] = 0
+
+    def update(self, batches: list[Batch]) -> None:
+        """One gradient step per seed, seed ``i`` on ``batches[i]``."""
+        self.learner.update(Batch(*(torch.stack(field) for field in zip(*batches, strict=True))))
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Each seed's own online and target network, learner and noise counter from the
+        stack: afterwards they hold what a single run of that seed would."""
+        states = self.learner.seed_states()
+        for i, seed in enumerate(self.seeds):
+            agent = seed.run.agent
+            agent.q_network.load_state_dict(seed_state_dict(self.q_network, i))
+            agent.target_network.load_state_dict(seed_state_dict(self.target_network, i))
+            agent.learner.load_state_dict(states[i])
+            seed.noise_step = int(self.steps[i])
+
+
+def resume_groups(checkpoints: list[dict[str, Any] | None]) -> list[list[int]]:
+    """Indices of ``checkpoints`` (None: a fresh start) by the env step they resume from:
+    the seeds that can train as one group (seeds stopped together are at one step)."""
+    steps: dict[int, list[int]] = {}
+    for i, checkpoint in enumerate(checkpoints):
+        step = 0 if checkpoint is None else int(checkpoint["counters"]["global_step"])
+        steps.setdefault(step, []).append(i)
+    return list(steps.values())
+
+
+def train_group(
+    cfgs: list[Config],
+    run_dirs: list[Path],
+    checkpoints: list[dict[str, Any] | None],
+    *,
+    progress: bool = True,
+    echo: Callable[[str], Any] = print,
+    on_done: Callable[[TrainResult], Any] | None = None,
+) -> list[TrainResult | BaseException]:
+    """Train one seed per config in this process, the networks stacked; each seed as
+    :func:`agent.train.train` would write it to its run directory.
+
+    ``checkpoints[i]``: seed ``i``'s ``last.pt`` to resume from, or None. Every seed must
+    be at the same env step (seeds saved together are). Returns, per seed, its result or
+    the error that ended it (a diverged network: the other seeds go on). ``on_done`` is
+    called with each result as its seed ends.
+    """
+    check_groupable(cfgs)
+    spec = inspect_env(cfgs[0].env_id, cfgs[0].env_kwargs, cfgs[0].wrappers)
+    if len(spec.obs_shape) != 1:
+        raise UserError(
+            f"seeds train together in one process on vector observations only; "
+            f"{cfgs[0].env_id} gives images {spec.obs_shape} (a convolutional network, "
+            "not stacked yet): train its seeds one at a time with --seed"
+        )
+    check_memory(cfgs[0], spec.obs_shape, spec.obs_dtype, len(cfgs))
+    if len(resume_groups(checkpoints)) > 1:
+        raise ValueError("the seeds of a group must resume from one env step (resume_groups)")
+    wall_start = time.perf_counter()
+    results: list[TrainResult | BaseException | None] = [None] * len(cfgs)
+    with contextlib.ExitStack() as cleanup:
+        seeds = [
+            _prepare_seed(cfg, Path(run_dir), checkpoint, cleanup, wall_start)
+            for cfg, run_dir, checkpoint in zip(cfgs, run_dirs, checkpoints, strict=True)
+        ]
+        index = {id(s): i for i, s in enumerate(seeds)}
+        cfg = cfgs[0]
+        bar = tqdm(
+            total=cfg.total_steps, initial=seeds[0].run.counters.global_step, unit="step",
+            disable=not (progress and sys.stderr.isatty()), desc=f"{len(seeds)} seeds",
+        )  # fmt: skip
+        cleanup.callback(bar.close)
+        where = Path(run_dirs[0]).parent
+        echo(f"{len(seeds)} seeds in one process, networks stacked: run directories in {where}")
+        echo(f"watch them with: tensorboard --logdir {where}")
+
+        def end(seed: Seed, outcome: TrainResult | BaseException) -> None:
+            results[index[id(seed)]] = outcome
+            if on_done is not None and isinstance(outcome, TrainResult):
+                on_done(outcome)
+
+        stop = cleanup.enter_context(StopSignals())
+        _loop(seeds, cfg, bar, stop, end)  # returns once every seed has ended
+    return [r for r in results if r is not None]
+
+
+def _prepare_seed(
+    cfg: Config,
+    run_dir: Path,
+    checkpoint: dict[str, Any] | None,
+    cleanup: contextlib.ExitStack,
+    wall_start: float,
+) -> Seed:
+    """One seed's ordinary run (a resume restores it), with the group's noise streams."""
+    run = prepare_run(cfg, run_dir, checkpoint, cleanup, echo=lambda *_: None)
+    device = run.agent.replay.device
+    monitor, checkpoints, evaluate = run_outputs(run, wall_start, False, lambda: run.obs)
+    seed = Seed(
+        run, monitor, checkpoints, evaluate,
+        act_generator=stream_generator(cfg.seed, ACT_STREAM, device),
+        update_generator=stream_generator(cfg.seed, UPDATE_STREAM, device),
+    )  # fmt: skip
+    checkpoints.extra = seed.group_state
+    cleanup.callback(_close_quietly, seed.monitor)
+    saved = None if checkpoint is None else checkpoint.get(GROUP_KEY)
+    if saved is not None:
+        seed.act_generator.set_state(saved["act_generator"])
+        seed.update_generator.set_state(saved["update_generator"])
+        seed.noise_step = int(saved["noise_step"])
+    return seed
+
+
+def _loop(
+    seeds: list[Seed],
+    cfg: Config,
+    bar: tqdm,
+    stop: StopSignals,
+    end: Callable[[Seed, TrainResult | BaseException], None],
+) -> None:
+    """The group's training loop: agent/train.py's loop, one step of every seed at a time."""
+    n = cfg.num_envs
+    stack = SeedStack(seeds, cfg)
+    while seeds:
+        counters = seeds[0].run.counters  # every seed's counters move together
+        # --- act: one stacked forward for every seed, then each seed's exploration ---
+        actions = stack.act(np.stack([s.run.obs for s in seeds]))  # (S, n)
+        for i, seed in enumerate(seeds):
+            if _env_step(seed, actions[i], cfg):
+                stack.new_noise(i)
+        step = counters.global_step
+        bar.update(n)
+
+        # --- learn: one stacked update per train_freq env steps ---
+        if step >= counters.learning_starts and len(seeds[0].run.agent.replay) >= cfg.batch_size:
+            while stack.learner.updates < counters.updates_due(cfg.train_freq):
+                stack.update([
+                    s.run.agent.replay.sample(cfg.batch_size, s.run.sample_generator)
+                    for s in seeds
+                ])  # fmt: skip
+            if crossed(step, n, cfg.target_update_interval):
+                stack.learner.sync_target()
+
+        # --- log, evaluate and checkpoint each seed, from its own (written back) parts ---
+        leaving: dict[int, TrainResult | BaseException | str] = {}
+        log = crossed(step, n, cfg.log_interval)
+        evaluate = bool(cfg.eval_interval) and crossed(step, n, cfg.eval_interval)
+        save = crossed(step, n, cfg.checkpoint_interval)
+        last = step >= cfg.total_steps or stop.received is not None
+        if log or evaluate or save or last:
+            stack.write_back()
+        if log:
+            metrics = stack.learner.metrics()
+            for i in [] if metrics is None else diverged(metrics):
+                leaving[i] = _diverged(seeds[i], step)
+            for i, seed in enumerate(seeds):
+                if i not in leaving:
+                    m = None if metrics is None else metrics[i]
+                    log_training(seed.run, seed.monitor, step, m, stack.learner.updates)
+            bar.set_postfix(seeds=len(seeds))
+        for i, seed in enumerate(seeds):
+            if i in leaving:
+                continue
+            if evaluate and seed.evaluate(step):
+                seed.run.counters.solved_step = step
+                leaving[i] = "solved"
+            elif save:
+                seed.checkpoints.save_last(seed.run.obs)
+        if last:
+            status = "finished" if step >= cfg.total_steps else "interrupted"
+            leaving.update({i: status for i in range(len(seeds)) if i not in leaving})
+
+        # --- seeds that are done leave the stack; each ends as a single run ends ---
+        if leaving:
+            for i, outcome in leaving.items():
+                end(seeds[i], _finish(seeds[i], outcome, stop.received))
+            kept = [i for i in range(len(seeds)) if i not in leaving]
+            seeds[:] = [seeds[i] for i in kept]
+            if seeds:
+                stack = SeedStack(seeds, cfg, carry=(stack.learner, kept))
+
+
+def _finish(
+    seed: Seed, outcome: TrainResult | BaseException | str, stop_signal: int | None
+) -> TrainResult | BaseException:
+    if not isinstance(outcome, str):
+        return outcome
+    try:
+        return finish_run(
+            seed.run, seed.monitor, seed.checkpoints, seed.evaluate, seed.run.obs,
+            outcome, stop_signal, learner_backend="stacked",  # type: ignore[arg-type]
+        )  # fmt: skip
+    except NonFiniteError as e:  # diverged since the last log: no last.pt of NaNs
+        return _diverged(seed, seed.run.counters.global_step, e)
+
+
+def _env_step(seed: Seed, actions: np.ndarray, cfg: Config) -> bool:
+    """One env step of one seed, as the single loop does it; True when its acting noise
+    is due for a redraw (an episode ended under per-episode noise, or a repeat)."""
+    run = seed.run
+    counters, episodes, replay = run.counters, run.episodes, run.agent.replay
+    actions, explored = run.exploration(actions, counters.global_step)
+    next_obs, rewards, terminated, truncated, info = run.envs.step(actions)
+    counters.global_step += cfg.num_envs
+    life_lost = episodes.step(actions, rewards, info)
+    train_rewards = np.sign(rewards) if cfg.clip_rewards else rewards
+    train_dones = terminated | life_lost if cfg.terminal_on_life_loss else terminated
+    replay.add(run.obs, actions, train_rewards, next_obs, train_dones, truncated, explored)
+    redraw = False
+    done = terminated | truncated
+    if done.any():
+        next_obs, finished = episodes.finish(run.envs, done)
+        for episodic_return, length in finished:
+            seed.monitor.episode(counters.global_step, episodic_return, length)
+        counters.episodes += len(finished)
+        redraw = cfg.noise_interval == "episode"
+    redraw |= episodes.observe(next_obs)
+    run.obs = next_obs
+    return redraw
+
+
+def _diverged(seed: Seed, step: int, error: NonFiniteError | None = None) -> NonFiniteError:
+    """A seed whose loss or parameters stopped being finite: the error goes to its
+    ``error.txt`` (as a sweep records a failed trial); its ``last.pt`` stays the last good
+    one, to resume from with other settings."""
+    error = error or NonFiniteError(f"non-finite TD loss or Q at step {step}")
+    with contextlib.suppress(OSError):
+        (seed.run.run_dir / "error.txt").write_text(f"NonFiniteError: {error} (step {step})\n")
+    return error

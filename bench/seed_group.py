@@ -1,0 +1,149 @@
+"""Benchmark: seeds trained together in one process against seeds trained alone.
+
+    python bench/seed_group.py speed --seeds 4 16 64 --steps 20000 --core 1
+    python bench/seed_group.py agree --seeds 101-120
+
+``speed``: each variant is the command a user types, timed from start to exit on one
+core (``taskset``, one torch thread): ``run.py --seed 1`` (one seed, the single-run
+fast paths) and ``run.py --seeds 1-S`` (S seeds stacked in one process, no Ray), both
+with ``early_stop=false`` so every seed runs every step, evaluation and logging
+included. The single run is timed before and after the groups, so drift shows. Prints,
+per variant, the wall time, env steps per second summed over seeds, and the per-seed
+throughput against one seed alone.
+
+``agree``: the same seeds as one group and each alone (the env's own config, early
+stop on), then solve rate, median steps to solve and the final return's IQM of both,
+with 95% bootstrap CIs of the differences (seeds resampled in each arm). A group's
+seed draws its noise from streams of its own, so the runs differ seed by seed; over
+many seeds the two must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from acting import machine  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+
+
+def timed(args: list[str], core: int | None) -> float:
+    """Wall seconds of ``run.py args`` as a process of its own."""
+    prefix = ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    out = subprocess.run([*prefix, sys.executable, str(ROOT / "run.py"), *args], env=env,
+                         capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"run.py {' '.join(args)} failed:\n{out.stderr[-2000:]}")
+    return wall
+
+
+def speed(args: argparse.Namespace) -> None:
+    common = ["--env", args.env, "--total-steps", str(args.steps), "--no-progress", "--device",
+              "cpu", "--set", "early_stop=false", "--set", "torch_threads=1"]  # fmt: skip
+    print(f"{args.env}, {args.steps:,} steps per seed, one core; {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows: list[tuple[str, int, float]] = []
+
+        def single(tag: str) -> None:
+            wall = timed([*common, "--seed", "1", "--run-dir", f"{tmp}/single{tag}"], args.core)
+            rows.append((f"one seed alone (run.py --seed 1){tag}", 1, wall))
+
+        single("")
+        for s in args.seeds:
+            wall = timed([*common, "--seeds", f"1-{s}", "--run-dir", f"{tmp}/group{s}"], args.core)
+            rows.append((f"{s} seeds in one process (run.py --seeds 1-{s})", s, wall))
+        single(", again")
+    alone = min(wall for name, _, wall in rows if name.startswith("one seed"))
+    print("\n| variant | wall s | env steps/s, all seeds | per-seed throughput vs alone |")
+    print("|---|---|---|---|")
+    for name, s, wall in rows:
+        sps = s * args.steps / wall
+        print(f"| {name} | {wall:.1f} | {sps:,.0f} | {alone * s / wall:.2f}x |")
+
+
+def agree(args: argparse.Namespace) -> None:
+    from agent.sweep import parse_seeds
+    from agent.sweep.stats import bootstrap_ci, iqm, steps_to_solve
+
+    seeds = parse_seeds(args.seeds)
+    common = ["--env", args.env, "--no-progress", "--device", "cpu", "--set", "torch_threads=1"]
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or scratch
+        group_wall = timed([*common, "--seeds", args.seeds, "--run-dir", f"{tmp}/group"], args.core)
+        alone_wall = sum(
+            timed([*common, "--seed", str(s), "--run-dir", f"{tmp}/alone/seed_{s}"], args.core)
+            for s in seeds
+        )
+        arms = {
+            "together": [_result(Path(tmp, "group", f"seed_{s}")) for s in seeds],
+            "alone": [_result(Path(tmp, "alone", f"seed_{s}")) for s in seeds],
+        }
+    print(f"{args.env}, its own config, seeds {args.seeds}; {machine()}")
+    print(f"wall: together {group_wall:.0f} s, alone {alone_wall:.0f} s (one after another)\n")
+    print("| arm | solved | median steps to solve [q25, q75] | final return IQM [95% CI] |")
+    print("|---|---|---|---|")
+    solved, to_solve, finals = {}, {}, {}
+    for arm, results in arms.items():
+        steps = [steps_to_solve(r) for r in results]
+        solved[arm] = np.array([s is not None for s in steps], dtype=np.float64)
+        done = [s for s in steps if s is not None]
+        to_solve[arm] = np.array(done, dtype=np.float64)
+        q = np.percentile(done, [25, 50, 75]) if done else [np.nan] * 3
+        finals[arm] = np.array([r["final_eval_return"] for r in results], dtype=np.float64)
+        lo, hi = bootstrap_ci(finals[arm])
+        print(f"| {arm} | {len(done)}/{len(results)} | {q[1]:.0f} [{q[0]:.0f}, {q[2]:.0f}] | "
+              f"{iqm(finals[arm]):.1f} [{lo:.1f}, {hi:.1f}] |")  # fmt: skip
+    rng = np.random.default_rng(0)
+    print()
+    for name, values, stat in (
+        ("solve rate", solved, np.mean),
+        ("median steps to solve", to_solve, np.median),
+        ("final return IQM", finals, iqm),
+    ):
+        a, b = values["together"], values["alone"]
+        if not (a.size and b.size):
+            continue
+        diffs = [stat(a[rng.integers(0, a.size, a.size)]) - stat(b[rng.integers(0, b.size, b.size)])
+                 for _ in range(10_000)]  # fmt: skip
+        lo, hi = np.percentile(diffs, [2.5, 97.5])
+        print(f"{name}, together - alone: {stat(a) - stat(b):+.3f} [{lo:+.3f}, {hi:+.3f}]")
+
+
+def _result(run_dir: Path) -> dict:
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    fast = sub.add_parser("speed", help="per-seed throughput, whole processes")
+    fast.add_argument("--seeds", type=int, nargs="+", default=[16], help="group sizes")
+    fast.add_argument("--steps", type=int, default=20_000, help="env steps per seed")
+    same = sub.add_parser("agree", help="the same seeds together and alone: the statistics")
+    same.add_argument("--seeds", default="101-120", help="a range (101-120) or a list")
+    same.add_argument("--keep", help="write the runs here (kept) instead of a temporary directory")
+    for p in (fast, same):
+        p.add_argument("--env", default="CartPole-v1")
+        p.add_argument("--core", type=int, default=None, help="pin every process to this core")
+    args = parser.parse_args()
+    (speed if args.command == "speed" else agree)(args)
+
+
+if __name__ == "__main__":
+    main()

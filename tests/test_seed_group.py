@@ -1,0 +1,231 @@
+"""Seeds trained together in one process (agent/seeds/group.py, agent/sweep/local.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent import cli
+from agent.checkpoint import load_checkpoint
+from agent.config import Config, load_config
+from agent.errors import UserError
+from agent.learner import NonFiniteError
+from agent.seeds.group import GROUP_KEY, train_group
+from agent.train import TrainResult
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A short CartPole run in which learning, logging, evaluation and checkpoints all happen.
+SHORT = {
+    "total_steps": 2_000,
+    "learning_starts": 200,
+    "train_freq": 2,
+    "buffer_size": 5_000,
+    "eval_interval": 500,
+    "eval_episodes": 2,
+    "confirm_episodes": 3,
+    "early_stop": False,
+    "log_interval": 500,
+    "checkpoint_interval": 1_000,
+    "device": "cpu",
+}
+
+
+def _configs(seeds: list[int], **overrides: object) -> list[Config]:
+    return [load_config("CartPole-v1", overrides={**SHORT, **overrides, "seed": s}) for s in seeds]
+
+
+def _group(
+    root: Path, seeds: list[int], checkpoints: list | None = None, **overrides: object
+) -> list[TrainResult]:
+    results = train_group(
+        _configs(seeds, **overrides),
+        [root / f"seed_{s}" for s in seeds],
+        checkpoints or [None] * len(seeds),
+        progress=False,
+        echo=lambda _: None,
+    )
+    assert all(isinstance(r, TrainResult) for r in results), results
+    return results  # type: ignore[return-value]
+
+
+def _same_run(a: Path, b: Path) -> None:
+    """Two run directories of one seed hold the same training: network, counters, curve."""
+    last_a, last_b = (load_checkpoint(d / "checkpoints" / "last.pt") for d in (a, b))
+    for key in last_a["q_network"]:
+        assert torch.equal(last_a["q_network"][key], last_b["q_network"][key]), key
+    assert last_a["counters"] == last_b["counters"]
+    result_a, result_b = (json.loads((d / "result.json").read_text()) for d in (a, b))
+    for key in ("status", "global_step", "updates", "solved_step", "eval_curve",
+                "final_eval_return"):  # fmt: skip
+        assert result_a[key] == result_b[key], key
+
+
+def test_each_seed_is_an_ordinary_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    results = _group(tmp_path, [1, 2])
+    assert [r.status for r in results] == ["finished", "finished"]
+    for seed, result in zip((1, 2), results, strict=True):
+        run_dir = tmp_path / f"seed_{seed}"
+        assert result.run_dir == str(run_dir) and result.global_step == 2_000
+        assert result.learner_backend == "stacked"
+        assert load_config("CartPole-v1", run_dir / "config.yaml").seed == seed
+        assert json.loads((run_dir / "result.json").read_text())["final_eval_return"] is not None
+        assert list(run_dir.glob("events.out.tfevents.*"))
+        last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+        assert last["counters"]["global_step"] == 2_000 and GROUP_KEY in last
+        # The learner state is a single learner's: the optimizer's moments cover one network.
+        size = sum(t.numel() for k, t in last["q_network"].items() if "epsilon" not in k)
+        assert last["learner"]["optimizer"]["exp_avg"].shape == (size,)
+    # The seeds learned apart: different networks.
+    nets = [load_checkpoint(tmp_path / f"seed_{s}" / "checkpoints" / "last.pt") for s in (1, 2)]
+    assert not torch.equal(nets[0]["q_network"]["head.0.weight"],
+                           nets[1]["q_network"]["head.0.weight"])  # fmt: skip
+    # --eval takes a seed's best.pt as it is.
+    best = tmp_path / "seed_2" / "checkpoints" / "best.pt"
+    code = cli.main(["--eval", str(best), "--episodes", "2", "--device", "cpu", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["episodes"] == 2
+
+
+def test_a_seed_does_not_depend_on_the_seeds_beside_it(tmp_path: Path) -> None:
+    """Seed 1 alone, beside seed 2 and beside seed 3: the same run, to the bit."""
+    _group(tmp_path / "alone", [1])
+    _group(tmp_path / "with2", [2, 1])
+    _group(tmp_path / "with3", [1, 3])
+    _same_run(tmp_path / "alone" / "seed_1", tmp_path / "with2" / "seed_1")
+    _same_run(tmp_path / "alone" / "seed_1", tmp_path / "with3" / "seed_1")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_group_trains_on_every_device_and_dtype(tmp_path: Path, device: str, dtype: str) -> None:
+    """Each seed's checkpoint holds its network in the config's dtype; vector envs per seed."""
+    settings = {"device": device, "dtype": dtype, "num_envs": 2, "total_steps": 1_000}
+    _group(tmp_path / "a", [1, 2], **settings)
+    _group(tmp_path / "b", [3, 2], **settings)
+    for seed in (1, 2):
+        last = load_checkpoint(tmp_path / "a" / f"seed_{seed}" / "checkpoints" / "last.pt")
+        assert last["counters"]["global_step"] == 1_000
+        assert all(t.dtype == getattr(torch, dtype) for t in last["q_network"].values())
+    if device == "cpu":  # cuBLAS may pick other kernels for another batch of seeds
+        _same_run(tmp_path / "a" / "seed_2", tmp_path / "b" / "seed_2")
+
+
+def test_seeds_that_stop_early_leave_the_others_unchanged(tmp_path: Path) -> None:
+    early = {"early_stop": True, "eval_interval": 250, "target_return": 80.0}
+    results = _group(tmp_path / "group", [1, 2, 3], **early)
+    steps = [r.solved_step for r in results]
+    assert all(r.status == "solved" for r in results)
+    assert len(set(steps)) == 3  # they left the stack one at a time
+    latest = [1, 2, 3][steps.index(max(steps))]
+    _group(tmp_path / "alone", [latest], **early)
+    _same_run(tmp_path / "alone" / f"seed_{latest}", tmp_path / "group" / f"seed_{latest}")
+
+
+@pytest.mark.parametrize("noise", [{}, {"noise_interval": "episode"}], ids=["step", "episode"])
+def test_a_group_resumes_exactly(tmp_path: Path, noise: dict) -> None:
+    """2N steps straight == N, then a resume of the whole group to 2N."""
+    settings = {**noise, "save_buffer": True, "checkpoint_interval": 10_000, "eval_interval": 700}
+    _group(tmp_path / "a", [1, 2], total_steps=2_400, **settings)
+    _group(tmp_path / "b", [1, 2], total_steps=1_200, **settings)
+    saved = [load_checkpoint(tmp_path / "b" / f"seed_{s}" / "checkpoints" / "last.pt")
+             for s in (1, 2)]  # fmt: skip
+    _group(tmp_path / "b", [1, 2], saved, total_steps=2_400, **settings)
+    for seed in (1, 2):
+        _same_run(tmp_path / "a" / f"seed_{seed}", tmp_path / "b" / f"seed_{seed}")
+
+
+def test_what_cannot_train_together_is_refused_in_one_line(tmp_path: Path) -> None:
+    cfgs = _configs([1]) + _configs([2], lr=1e-3)
+    with pytest.raises(UserError, match="lr differs"):
+        train_group(cfgs, [tmp_path / "a", tmp_path / "b"], [None, None], progress=False)
+    with pytest.raises(UserError, match="listed twice"):
+        train_group(_configs([1, 1]), [tmp_path / "a", tmp_path / "b"], [None, None])
+    frames = load_config("envs.testing:NoisyDQN/Frames-v0", overrides={"device": "cpu"})
+    with pytest.raises(UserError, match="images"):
+        train_group([frames], [tmp_path / "c"], [None])
+    with pytest.raises(UserError, match="train fewer seeds at a time"):
+        train_group(_configs([1, 2], buffer_size=10**13), [tmp_path / "a", tmp_path / "b"],
+                    [None, None])  # fmt: skip
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_diverged_seeds_fail_alone_with_their_error_on_disk(tmp_path: Path) -> None:
+    cfgs = _configs([1, 2], lr=1e30, max_grad_norm=None, log_interval=100, eval_interval=0)
+    results = train_group(cfgs, [tmp_path / "1", tmp_path / "2"], [None, None], progress=False,
+                          echo=lambda _: None)  # fmt: skip
+    assert all(isinstance(r, NonFiniteError) for r in results)
+    for d in ("1", "2"):
+        assert (tmp_path / d / "error.txt").read_text().startswith("NonFiniteError")
+        last = tmp_path / d / "checkpoints" / "last.pt"
+        if last.exists():  # whatever was saved is a good state
+            params = load_checkpoint(last)["q_network"]
+            assert all(torch.isfinite(t).all() for t in params.values())
+
+
+def test_seeds_without_ray_train_in_this_process_and_summarise(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    argv = ["--env", "CartPole-v1", "--seeds", "2", "--run-dir", str(sweep), "--no-progress"]
+    sets = [a for k, v in SHORT.items() for a in ("--set", f"{k}={v}")]
+    assert cli.main([*argv, *sets]) == 0
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert summary["trials_done"] == 2
+    assert {row["seed"] for row in summary["trials"]} == {1, 2}
+
+
+def test_a_grid_point_that_cannot_run_fails_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = tmp_path / "sweep"
+    argv = ["--env", "CartPole-v1", "--seeds", "2", "--grid", "device=cpu,cuda:99"]
+    sets = [a for k, v in SHORT.items() if k != "device" for a in ("--set", f"{k}={v}")]
+    assert cli.main([*argv, *sets, "--run-dir", str(sweep), "--no-progress"]) == 1
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert (summary["trials_done"], summary["trials_failed"]) == (2, 2)
+    failed = [row for row in summary["trials"] if row["state"] == "failed"]
+    assert all(row["params"]["device"] == "cuda:99" for row in failed)
+    assert "FAILED  device=cuda:99 seed=1" in capsys.readouterr().out
+    assert cli.main(["--resume", str(sweep), "--no-progress"]) == 1  # only those run again
+    assert "2 of 4 trials already finished" in capsys.readouterr().out
+
+
+def test_more_seeds_than_memory_allows_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["--env", "CartPole-v1", "--seeds", "1-4", "--run-dir", str(tmp_path / "s")]
+    assert cli.main([*argv, "--set", "buffer_size=10000000000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train fewer seeds at a time" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_ctrl_c_saves_every_seed_and_resume_continues_them(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "run.py", "--env", "CartPole-v1", "--seeds", "1-3", "--run-dir",
+         str(sweep), "--no-progress", "--total-steps", "400000", "--device", "cpu",
+         "--set", "early_stop=false"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 60
+    while not (sweep / "seed_3" / "config.yaml").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # let them train a little
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"--resume {sweep}" in out
+    steps = set()
+    for seed in (1, 2, 3):
+        result = json.loads((sweep / f"seed_{seed}" / "result.json").read_text())
+        assert result["status"] == "interrupted"
+        last = load_checkpoint(sweep / f"seed_{seed}" / "checkpoints" / "last.pt")
+        steps.add(last["counters"]["global_step"])
+    assert len(steps) == 1 and 0 < steps.pop() < 400_000
