@@ -192,24 +192,22 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
     )
     try:
         learner = Learner(
-            q_network,
-            target_network,
-            lr=cfg.lr,
-            adam_eps=cfg.adam_eps,
-            double_dqn=cfg.double_dqn,
-            loss=cfg.loss,
-            huber_delta=cfg.huber_delta,
-            max_grad_norm=cfg.max_grad_norm,
-            tau=cfg.tau,
-            noise=noisy,  # epsilon-greedy: the noise is off in learning too, not only in acting
-            update_noise=cfg.update_noise,
-            backend=cfg.learner_backend,
+            q_network, target_network, **learner_settings(cfg), backend=cfg.learner_backend
         )
     except ValueError as e:  # learner_backend numpy where it does not apply (CUDA)
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
     capture = update_capture(device, cfg.capture_graph)
     update = learner.update if capture is None else CapturedUpdate(learner, capture)
     return Agent(q_network, target_network, replay, selector, greedy, learner, update)
+
+
+def learner_settings(cfg: Config) -> dict[str, Any]:
+    """The learner's settings in a config (``Learner`` and ``SeedLearner`` take them alike);
+    epsilon-greedy learns on the mean weights too (``noise``)."""
+    keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau")
+    return {k: getattr(cfg, k) for k in (*keys, "update_noise")} | {
+        "noise": cfg.exploration == "noisy"
+    }
 
 
 def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | None:

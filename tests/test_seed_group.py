@@ -19,23 +19,13 @@ from agent.errors import UserError
 from agent.learner import NonFiniteError
 from agent.seeds.group import GROUP_KEY, train_group
 from agent.train import TrainResult
+from test_train import SHORT as TRAIN_SHORT
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A short CartPole run in which learning, logging, evaluation and checkpoints all happen.
-SHORT = {
-    "total_steps": 2_000,
-    "learning_starts": 200,
-    "train_freq": 2,
-    "buffer_size": 5_000,
-    "eval_interval": 500,
-    "eval_episodes": 2,
-    "confirm_episodes": 3,
-    "early_stop": False,
-    "log_interval": 500,
-    "checkpoint_interval": 1_000,
-    "device": "cpu",
-}
+# test_train's short CartPole run (learning, logging, evaluation and checkpoints all
+# happen), with evaluations every 500 steps.
+SHORT = {**TRAIN_SHORT, "eval_interval": 500}
 
 
 def _configs(seeds: list[int], **overrides: object) -> list[Config]:

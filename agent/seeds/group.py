@@ -51,6 +51,7 @@ from agent.train import (
     _close_quietly,
     crossed,
     finish_run,
+    learner_settings,
     log_training,
     prepare_run,
     run_outputs,
@@ -163,19 +164,9 @@ class SeedStack:
         self.target_network.requires_grad_(False)
         noisy = cfg.exploration == "noisy"
         self.learner = SeedLearner(
-            self.q_network,
-            self.target_network,
-            [s.update_generator for s in seeds],
-            lr=cfg.lr,
-            adam_eps=cfg.adam_eps,
-            double_dqn=cfg.double_dqn,
-            loss=cfg.loss,
-            huber_delta=cfg.huber_delta,
-            max_grad_norm=cfg.max_grad_norm,
-            tau=cfg.tau,
-            noise=noisy,
-            update_noise=cfg.update_noise,
-        )
+            self.q_network, self.target_network, [s.update_generator for s in seeds],
+            **learner_settings(cfg),
+        )  # fmt: skip
         self.learner.load_seed_states([a.learner.state_dict() for a in agents])
         if carry is not None:  # the loss sums since the last log, of the seeds kept
             self.learner.take_running(*carry)
@@ -277,6 +268,9 @@ def train_group(
         where = Path(run_dirs[0]).parent
         echo(f"{len(seeds)} seeds in one process, networks stacked: run directories in {where}")
         echo(f"watch them with: tensorboard --logdir {where}")
+        step = seeds[0].run.counters.global_step
+        if step:
+            echo(f"resuming {len(seeds)} seeds at step {step:,}")
 
         def end(seed: Seed, outcome: TrainResult | BaseException) -> None:
             results[index[id(seed)]] = outcome
