@@ -291,13 +291,13 @@ def prepare_run(
         cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
     seed_everything(cfg.seed)
     envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
-    cleanup.callback(_close_quietly, envs)
+    cleanup.callback(close_quietly, envs)
     # Evaluation plays up to EVAL_BATCH episodes at once on its own env copies.
     eval_envs = [
         make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
         for _ in range(min(EVAL_BATCH, cfg.eval_episodes))
     ]
-    cleanup.callback(_close_quietly, *eval_envs)
+    cleanup.callback(close_quietly, *eval_envs)
     agent = build_agent(cfg, spec, device, len(eval_envs))
     ran = cfg.to_dict() | {"learner_backend": agent.learner.backend}
     if device.type == "cuda":  # where replay_storage auto put the buffer
@@ -413,7 +413,7 @@ def train(
         selector, replay, learner = run.agent.selector, run.agent.replay, run.agent.learner
         update = run.agent.update
         monitor, checkpoints, evaluate = run_outputs(run, wall_start, progress, lambda: obs)
-        cleanup.callback(_close_quietly, monitor)  # flushes the events, whatever happens
+        cleanup.callback(close_quietly, monitor)  # flushes the events, whatever happens
         status: Literal["finished", "solved", "interrupted"] = "finished"
         n = cfg.num_envs
         announce(run, echo)
@@ -587,7 +587,7 @@ def exploration_probe(
     return exploration_stats(q_network, obs, draws=draws, seed=seed, noisy=noisy)
 
 
-def _close_quietly(*things: Any) -> None:
+def close_quietly(*things: Any) -> None:
     """``close()`` each, ignoring their errors: the error being raised, if any, matters more."""
     for thing in things:
         if thing is None:

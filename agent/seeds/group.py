@@ -48,7 +48,7 @@ from agent.train import (
     Checkpoints,
     Run,
     TrainResult,
-    _close_quietly,
+    close_quietly,
     crossed,
     finish_run,
     learner_settings,
@@ -299,7 +299,7 @@ def _prepare_seed(
         update_generator=stream_generator(cfg.seed, UPDATE_STREAM, device),
     )  # fmt: skip
     checkpoints.extra = seed.group_state
-    cleanup.callback(_close_quietly, seed.monitor)
+    cleanup.callback(close_quietly, seed.monitor)
     saved = None if checkpoint is None else checkpoint.get(GROUP_KEY)
     if saved is not None:
         seed.act_generator.set_state(saved["act_generator"])
