@@ -5,7 +5,8 @@
 For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (the default ``--envs``), or any
 other registered gymnasium id with discrete actions given to ``--envs`` (the
 generality check: envs with no YAML of their own, which run on ``agent/configs/default.yaml``
-alone), every seed a separate process, timed as a whole (start-up included):
+alone), every seed a separate process, timed as a whole (start-up included; with
+``--together`` the seeds of an env and agent are one ``run.py --seeds`` process instead):
 
 * ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else
   (``--config FILE`` and ``--set`` add to both of our agents; ``--config
@@ -61,6 +62,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -384,6 +386,23 @@ def comparison_row(env_id: str, threshold: float | None, agents: dict[str, list[
     return row
 
 
+def run_together(seeds: list[int], extra: list[str], workdir: Path, env_id: str) -> list[dict]:
+    """``python run.py --env ENV --seeds S1,S2,... [extra]``: the seeds in one process (no
+    Ray), timed as a whole; each seed's ``wall_s`` is its share of the process's."""
+    run_dir = workdir / "together"
+    cmd = [sys.executable, "run.py", "--env", env_id, "--seeds", ",".join(map(str, seeds)),
+           "--no-progress", "--run-dir", str(run_dir), *extra]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"seeds {seeds} failed: {proc.stderr[-2000:]}")
+    results = [json.loads((run_dir / f"seed_{s}" / "result.json").read_text()) for s in seeds]
+    for result in results:
+        result["wall_s"] = wall / len(seeds)
+    return results
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--envs", default=",".join(THRESHOLD),
@@ -400,6 +419,9 @@ def main() -> int:
                         "env's own YAML (agent/configs/default.yaml: the default config on an env "
                         "that has a YAML)")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time")
+    p.add_argument("--together", action="store_true",
+                   help="our seeds of an env and agent as one process (run.py --seeds), "
+                        "each seed's wall time its share of the process's")
     p.add_argument("--plot-dir", type=Path, help="write <env>.png learning curves here")
     p.add_argument("--json", type=Path, help="write every per-seed result here")
     p.add_argument("--final-episodes", type=int, default=0,
@@ -437,8 +459,8 @@ def main() -> int:
     # the machine's load during the run hits every agent alike.
     jobs: list[tuple[str, str, int]] = []
     for env_id in envs:
-        ours = []
-        for s in seeds:
+        ours: list[tuple[str, str, Any]] = []
+        for s in [tuple(seeds)] if args.together else seeds:
             ours.append((env_id, AGENTS[0], s))
             if not args.no_ablation:
                 ours.append((env_id, AGENTS[1], s))
@@ -449,9 +471,16 @@ def main() -> int:
             jobs += ours[i * stride : (i + 1) * stride]
         jobs += ours[len(sb3) * stride :]
 
-    def run(job: tuple[str, str, int]) -> dict:
+    def run(job: tuple[str, str, Any]) -> dict | list[dict]:
         env_id, agent, seed = job
         where = workdir / env_id / agent.split()[0]
+        if isinstance(seed, tuple):
+            group = run_together(list(seed), our_args(agent, args.set, config_file), where,
+                                 env_id)
+            finals = " ".join(f"{r['final_eval_return']:.1f}" for r in group)
+            print(f"{env_id} | {agent} | seeds {seed[0]}-{seed[-1]} together: finals {finals}, "
+                  f"{group[0]['wall_s'] * len(group):.1f} s", flush=True)
+            return group
         if agent == AGENTS[2]:
             steps, hyper = SB3_ZOO[env_id]
             r = run_sb3(seed, where, env_id, hyper, steps, SB3_EVAL_EVERY[env_id], 10)
@@ -473,7 +502,7 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             done = list(pool.map(run, jobs))
         for (env_id, agent, _), r in zip(jobs, done, strict=True):
-            results[env_id].setdefault(agent, []).append(r)
+            results[env_id].setdefault(agent, []).extend(r if isinstance(r, list) else [r])
     if args.final_episodes:
         ours = [(e, r) for e in envs for a in AGENTS[:2] for r in results[e].get(a, [])]
 
