@@ -29,7 +29,7 @@ from typing import Any
 from agent.cli import command
 from agent.errors import UserError
 from agent.sweep.report import format_number, write_summary
-from agent.sweep.trials import DONE, Trial, read_result, trial_state
+from agent.sweep.trials import DONE, Trial, by_grid_point, read_result, trial_state
 from agent.sweep.worker import run_trials, unpack
 
 __all__ = [
@@ -314,11 +314,8 @@ def tasks(todo: list[Trial], cpus: int, stacks: Callable[[Trial], bool]) -> list
     cpus)``, so that every CPU gets work and each task stacks as many seeds as it can;
     one trial per task for a grid point whose trials do not ``stacks``."""
     size = max(1, math.ceil(len(todo) / max(1, cpus)))
-    points: dict[str, list[Trial]] = {}
-    for t in todo:
-        points.setdefault(t.label, []).append(t)
     units: list[list[Trial]] = []
-    for group in points.values():
+    for group in by_grid_point(todo):
         step = size if stacks(group[0]) else 1
         units += [group[i : i + step] for i in range(0, len(group), step)]
     return units

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.sweep.driver import done_line, end_sweep
-from agent.sweep.trials import Trial, trial_state
+from agent.sweep.trials import Trial, by_grid_point, trial_state
 from agent.sweep.worker import resume_point
 
 __all__ = ["check_local", "run_local"]
@@ -30,10 +30,7 @@ def check_local(trials: list[Trial]) -> None:
     from agent.seeds.group import check_memory
     from envs import inspect_env
 
-    points: dict[str, list[Trial]] = {}
-    for t in trials:
-        points.setdefault(t.label, []).append(t)
-    for group in points.values():
+    for group in by_grid_point(trials):
         cfg = config_from_dict(dict(group[0].config), f"sweep trial {group[0].name}")
         spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
         if len(spec.obs_shape) == 1:
@@ -59,11 +56,8 @@ def run_local(
     if len(todo) < len(trials):
         print(f"{len(trials) - len(todo)} of {len(trials)} trials already finished: "
               "not run again", file=out)  # fmt: skip
-    points: dict[str, list[Trial]] = {}
-    for t in todo:
-        points.setdefault(t.label, []).append(t)
     stopped: int | None = None
-    for group in points.values():
+    for group in by_grid_point(todo):
         dirs = [sweep_dir / t.run_dir for t in group]
         try:
             cfgs = [config_from_dict(dict(t.config), f"sweep trial {t.name}") for t in group]

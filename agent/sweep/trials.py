@@ -22,6 +22,7 @@ __all__ = [
     "MANIFEST",
     "Trial",
     "build_trials",
+    "by_grid_point",
     "is_sweep_dir",
     "read_manifest",
     "read_result",
@@ -100,6 +101,14 @@ def build_trials(
                 )
             )
     return trials
+
+
+def by_grid_point(trials: list[Trial]) -> list[list[Trial]]:
+    """``trials`` by grid point (their ``label``), in order: the seeds that can train together."""
+    points: dict[str, list[Trial]] = {}
+    for t in trials:
+        points.setdefault(t.label, []).append(t)
+    return list(points.values())
 
 
 def is_sweep_dir(path: str | Path) -> bool:
