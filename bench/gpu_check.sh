@@ -5,6 +5,7 @@
 #   bash bench/gpu_check.sh sanitize # compute-sanitizer memcheck and racecheck, short training run
 #   bash bench/gpu_check.sh bench    # bench/acting.py, replay.py, noisy_forward.py, learner.py
 #   bash bench/gpu_check.sh atari    # bench/atari.py on cuda: SPS and where the time goes
+#   bash bench/gpu_check.sh seeds    # seeds stacked on cuda: bench/seeds.py, bench/seed_group.py
 #
 # Each step runs under its own time limit and logs to $LOGS/<step>.log (default
 # /tmp/gpu_logs); a line per step says its exit status and seconds, and a failed step
@@ -12,7 +13,7 @@
 # into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
 # Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
 set -u
-phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari}
+phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari|seeds}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}
@@ -149,6 +150,13 @@ bench)
     step bench_learner_all 150 $PY bench/learner.py --device cuda --noisy-layers all
     step bench_replay 240 $PY bench/replay.py --quick
     step bench_noisy_forward 120 $PY bench/noisy_forward.py --quick
+    ;;
+seeds)
+    step bench_seeds 120 $PY bench/seeds.py --device cuda --quick
+    sed -n '/^|/p' "$LOGS/bench_seeds.log"
+    step bench_seed_group 420 $PY bench/seed_group.py speed --seeds 16 64 256 --steps 5000 \
+        --device cuda
+    sed -n '/^|/p' "$LOGS/bench_seed_group.log"
     ;;
 atari)
     step bench_atari 420 $PY bench/atari.py --device cuda --breakdown

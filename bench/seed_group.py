@@ -1,6 +1,7 @@
 """Benchmark: seeds trained together in one process against seeds trained alone.
 
     python bench/seed_group.py speed --seeds 4 16 64 --steps 20000 --core 1
+    python bench/seed_group.py speed --seeds 16 64 256 --device cuda   # a GPU machine
     python bench/seed_group.py agree --seeds 101-120
 
 ``speed``: each variant is the command a user types, timed from start to exit on one
@@ -55,8 +56,9 @@ def timed(args: list[str], core: int | None) -> float:
 
 def speed(args: argparse.Namespace) -> None:
     common = ["--env", args.env, "--total-steps", str(args.steps), "--no-progress", "--device",
-              "cpu", "--set", "early_stop=false", "--set", "torch_threads=1"]  # fmt: skip
-    print(f"{args.env}, {args.steps:,} steps per seed, one core; {machine()}")
+              args.device, "--set", "early_stop=false", "--set", "torch_threads=1"]  # fmt: skip
+    print(f"{args.env}, {args.steps:,} steps per seed, one core, --device {args.device}; "
+          f"{machine()}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         rows: list[tuple[str, int, float]] = []
 
@@ -135,6 +137,7 @@ def main() -> None:
     fast = sub.add_parser("speed", help="per-seed throughput, whole processes")
     fast.add_argument("--seeds", type=int, nargs="+", default=[16], help="group sizes")
     fast.add_argument("--steps", type=int, default=20_000, help="env steps per seed")
+    fast.add_argument("--device", default="cpu", help="cpu, or cuda: the groups on the GPU")
     same = sub.add_parser("agree", help="the same seeds together and alone: the statistics")
     same.add_argument("--seeds", default="101-120", help="a range (101-120) or a list")
     same.add_argument("--keep", help="write the runs here (kept) instead of a temporary directory")
