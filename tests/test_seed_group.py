@@ -212,10 +212,19 @@ def test_ctrl_c_saves_every_seed_and_resume_continues_them(tmp_path: Path) -> No
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert f"--resume {sweep}" in out
-    steps = set()
+    steps, saved = set(), []
     for seed in (1, 2, 3):
         result = json.loads((sweep / f"seed_{seed}" / "result.json").read_text())
         assert result["status"] == "interrupted"
-        last = load_checkpoint(sweep / f"seed_{seed}" / "checkpoints" / "last.pt")
-        steps.add(last["counters"]["global_step"])
-    assert len(steps) == 1 and 0 < steps.pop() < 400_000
+        saved.append(load_checkpoint(sweep / f"seed_{seed}" / "checkpoints" / "last.pt"))
+        steps.add(saved[-1]["counters"]["global_step"])
+    assert len(steps) == 1
+    step = steps.pop()
+    assert 0 < step < 400_000
+    # The group continues from where every seed stopped (here 300 steps further).
+    cfgs = [load_config("CartPole-v1", sweep / f"seed_{s}" / "config.yaml") for s in (1, 2, 3)]
+    for cfg in cfgs:
+        cfg.total_steps = step + 300
+    results = train_group(cfgs, [sweep / f"seed_{s}" for s in (1, 2, 3)], saved,
+                          progress=False, echo=lambda _: None)  # fmt: skip
+    assert [r.global_step for r in results] == [step + 300] * 3  # type: ignore[union-attr]
