@@ -115,9 +115,8 @@ def _one_by_one(
     progress: bool,
     out: Any,
 ) -> int | None:
-    from agent.train import train
-
     from agent.learner import NonFiniteError
+    from agent.train import train
 
     for t, cfg, run_dir, checkpoint in zip(group, cfgs, dirs, checkpoints, strict=True):
         try:
