@@ -111,16 +111,23 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
+def timed_run_py(args: list[str], what: str) -> float:
+    """Wall seconds of ``python run.py args`` in its own process; a failure raises
+    ``RuntimeError`` naming ``what`` with the end of its stderr."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed: {proc.stderr[-2000:]}")
+    return wall
+
+
 def run_ours(seed: int, extra: list[str], workdir: Path, env_id: str = "CartPole-v1") -> dict:
     """``python run.py --env ENV --seed S [extra]`` in its own process, timed as a whole."""
     run_dir = workdir / f"seed{seed}"
-    cmd = [sys.executable, "run.py", "--env", env_id, "--seed", str(seed),
-           "--no-progress", "--run-dir", str(run_dir), *extra]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"seed {seed} failed: {proc.stderr[-2000:]}")
+    wall = timed_run_py(["--env", env_id, "--seed", str(seed), "--no-progress", "--run-dir",
+                         str(run_dir), *extra], f"seed {seed}")  # fmt: skip
     result = json.loads((run_dir / "result.json").read_text())
     result["wall_s"] = wall
     return result

@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
-from cartpole import ROOT, parse_seeds, run_ours, run_sb3
+from cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
 
 from agent.config import env_config_file
 from agent.sweep import bootstrap_ci, iqm
@@ -390,13 +390,8 @@ def run_together(seeds: list[int], extra: list[str], workdir: Path, env_id: str)
     """``python run.py --env ENV --seeds S1,S2,... [extra]``: the seeds in one process (no
     Ray), timed as a whole; each seed's ``wall_s`` is its share of the process's."""
     run_dir = workdir / "together"
-    cmd = [sys.executable, "run.py", "--env", env_id, "--seeds", ",".join(map(str, seeds)),
-           "--no-progress", "--run-dir", str(run_dir), *extra]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"seeds {seeds} failed: {proc.stderr[-2000:]}")
+    wall = timed_run_py(["--env", env_id, "--seeds", ",".join(map(str, seeds)), "--no-progress",
+                         "--run-dir", str(run_dir), *extra], f"seeds {seeds}")  # fmt: skip
     results = [json.loads((run_dir / f"seed_{s}" / "result.json").read_text()) for s in seeds]
     for result in results:
         result["wall_s"] = wall / len(seeds)
