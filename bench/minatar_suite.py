@@ -16,7 +16,8 @@ seeds), and the MinAtar paper's DQN as read off the learning-curve figure of the
 repository's README (30 seeds; a 100-episode moving average of *training* returns, under
 its epsilon 0.1 behaviour, so not the same measure as our noise-free evaluations) at 1M
 and 5M frames. One agent step is one MinAtar frame (no frame skip). ``--from-json``
-re-reads an earlier ``--json`` instead of training; ``--workdir DIR`` keeps the runs in DIR,
+re-reads earlier ``--json`` files instead of training (several: merged, each game's seeds in
+file order); ``--workdir DIR`` keeps the runs in DIR,
 so a second invocation reuses the runs that finished there and resumes the interrupted ones.
 
 Speed (one game, against MinAtar's ``examples/dqn.py``, run unchanged but for its frame
@@ -78,6 +79,26 @@ def paired_ci(a: list[float], b: list[float], reps: int = 50_000) -> tuple[float
     return float(d.mean()), float(lo), float(hi)
 
 
+def merge_results(parts: list[dict], games: list[str]) -> dict:
+    """Several ``--json`` files (say, one per session's seeds) as one: each game's runs in
+    file order, so the noisy and epsilon-greedy lists stay paired seed by seed."""
+    results = {g: {a: [] for a in AGENTS} for g in games}
+    for part in parts:
+        for game in games:
+            runs = part.get(game, {a: [] for a in AGENTS})
+            if len(runs["noisy"]) != len(runs["epsilon"]):
+                raise SystemExit(f"{game}: {len(runs['noisy'])} noisy runs against "
+                                 f"{len(runs['epsilon'])} epsilon-greedy in one --from-json file")
+            for agent in AGENTS:
+                results[game][agent] += runs[agent]
+    return results
+
+
+def seeds_of(runs: list[dict]) -> str:
+    """The seeds of ``runs``, read off their run directories (``.../seedN``)."""
+    return ",".join(Path(r["run_dir"]).name.removeprefix("seed") for r in runs)
+
+
 def finished_or_resumed(run_dir: Path) -> dict | None:
     """A run of an earlier ``--workdir`` invocation: its result if it finished, the result of
     resuming it if it was interrupted, None if it never started."""
@@ -102,7 +123,7 @@ def learn(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     extra = [a for kv in args.set for a in ("--set", kv)]
     if args.from_json:
-        results = json.loads(args.from_json.read_text())
+        results = merge_results([json.loads(path.read_text()) for path in args.from_json], games)
     else:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_minatar_"))
         jobs = [(g, a, s) for s in seeds for g in games for a in AGENTS]
@@ -125,14 +146,15 @@ def learn(args: argparse.Namespace) -> int:
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
 
-    print(f"\nMinAtar, -v0 ids, seeds {args.seeds}, score = the final policy's noise-free "
-          "100-episode mean" + "".join(f", --set {kv}" for kv in args.set) + "\n")
-    print("| game | noisy: median (IQM [95% CI]) | epsilon-greedy: median (IQM [95% CI]) | "
-          "noisy - epsilon, paired mean [95% CI] | paper DQN, 1M / 5M frames (training "
+    print("\nMinAtar, -v0 ids, score = the final policy's noise-free 100-episode mean"
+          + "".join(f", --set {kv}" for kv in args.set) + "\n")
+    print("| game | seeds | noisy: median (IQM [95% CI]) | epsilon-greedy: median (IQM [95% CI]) "
+          "| noisy - epsilon, paired mean [95% CI] | paper DQN, 1M / 5M frames (training "
           "returns, epsilon 0.1) | noisy median >= paper 5M | median wall per run (min) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     reached = 0
-    for game in games:
+    shown = [g for g in games if results[g]["noisy"]]
+    for game in shown:
         cells = []
         finals = {}
         for agent in AGENTS:
@@ -144,17 +166,20 @@ def learn(args: argparse.Namespace) -> int:
         one, five = PAPER_DQN[game]
         ok = statistics.median(finals["noisy"]) >= five
         reached += ok
-        wall = statistics.median(r["wall_s"] for r in results[game]["noisy"]) / 60
-        print(f"| {game} | {cells[0]} | {cells[1]} | {mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
-              f"{one:g} / {five:g} | {'yes' if ok else 'no'} | {wall:.1f} |")
-        if args.plot_dir:
+        # Runs from a release that did not record wall time or curves count in the scores only.
+        walls = [r["wall_s"] for r in results[game]["noisy"] if r.get("wall_s")]
+        wall = f"{statistics.median(walls) / 60:.1f}" if walls else "-"
+        print(f"| {game} | {seeds_of(results[game]['noisy'])} | {cells[0]} | {cells[1]} | "
+              f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | {one:g} / {five:g} | "
+              f"{'yes' if ok else 'no'} | {wall} |")
+        curves = {a: [r["eval_curve"] for r in results[game][a] if r.get("eval_curve")]
+                  for a in AGENTS}
+        if args.plot_dir and all(curves.values()):
             args.plot_dir.mkdir(parents=True, exist_ok=True)
-            budget = max(s for a in AGENTS for r in results[game][a] for s, _ in r["eval_curve"])
-            plot(f"MinAtar/{game}-v0", {a: [r["eval_curve"] for r in results[game][a]]
-                                        for a in AGENTS}, budget,
-                 args.plot_dir / f"{game}.png")
+            budget = max(s for runs in curves.values() for c in runs for s, _ in c)
+            plot(f"MinAtar/{game}-v0", curves, budget, args.plot_dir / f"{game}.png")
     print(f"\nthe noisy default's median reaches the paper DQN's 5M-frame level on {reached} "
-          f"of {len(games)} games")
+          f"of {len(shown)} games")
     return 0
 
 
@@ -296,7 +321,9 @@ def main() -> int:
                     help="a config override for both agents (repeatable)")
     lp.add_argument("--plot-dir", type=Path)
     lp.add_argument("--json", type=Path)
-    lp.add_argument("--from-json", type=Path)
+    lp.add_argument("--from-json", type=Path, nargs="+",
+                    help="re-read earlier --json files (merged, seeds in file order) "
+                         "instead of training")
     lp.add_argument("--workdir", type=Path,
                     help="where the runs go; runs that finished there before are kept, "
                          "interrupted ones resumed")

@@ -1,0 +1,64 @@
+"""bench/minatar_suite.py: ``--from-json`` files of several sessions merged into one report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import load_bench_script
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def minatar():
+    return load_bench_script("minatar_suite")
+
+
+def runs(game: str, seeds: list[int], finals: dict[str, list[float]]) -> dict:
+    return {game: {agent: [{"run_dir": f"/w/{game}/{agent}/seed{s}", "final_eval_return": f,
+                            "eval_curve": [[1000, f]], "wall_s": 60.0}
+                           for s, f in zip(seeds, finals[agent], strict=True)]
+                   for agent in ("noisy", "epsilon")}}
+
+
+def test_merge_keeps_each_games_seeds_paired_in_file_order(minatar):
+    a = runs("Breakout", [101, 102], {"noisy": [1.0, 2.0], "epsilon": [3.0, 4.0]})
+    b = runs("Breakout", [103], {"noisy": [5.0], "epsilon": [6.0]})
+    b |= runs("Asterix", [103], {"noisy": [7.0], "epsilon": [8.0]})
+    merged = minatar.merge_results([a, b], ["Asterix", "Breakout"])
+    assert [r["final_eval_return"] for r in merged["Breakout"]["noisy"]] == [1.0, 2.0, 5.0]
+    assert [r["final_eval_return"] for r in merged["Breakout"]["epsilon"]] == [3.0, 4.0, 6.0]
+    assert minatar.seeds_of(merged["Breakout"]["epsilon"]) == "101,102,103"
+    assert minatar.seeds_of(merged["Asterix"]["noisy"]) == "103"
+
+
+def test_merge_refuses_a_file_whose_agents_ran_different_seeds(minatar):
+    bad = runs("Breakout", [101, 102], {"noisy": [1.0, 2.0], "epsilon": [3.0, 4.0]})
+    bad["Breakout"]["epsilon"].pop()
+    with pytest.raises(SystemExit, match="Breakout: 2 noisy runs against 1"):
+        minatar.merge_results([bad], ["Breakout"])
+
+
+def test_from_json_reports_every_seed_of_every_file_and_skips_unrun_games(tmp_path):
+    first = runs("Breakout", [101, 102], {"noisy": [10.0, 12.0], "epsilon": [11.0, 13.0]})
+    # A run of a release that saved neither its wall time nor its curve counts in the scores.
+    del first["Breakout"]["noisy"][0]["wall_s"], first["Breakout"]["noisy"][0]["eval_curve"]
+    second = runs("Breakout", [103], {"noisy": [14.0], "epsilon": [9.0]})
+    paths = []
+    for i, part in enumerate((first, second)):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(part))
+    proc = subprocess.run(
+        [sys.executable, "bench/minatar_suite.py", "learn", "--from-json", *map(str, paths),
+         "--plot-dir", str(tmp_path / "plots")],
+        cwd=ROOT, capture_output=True, text=True, check=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| Breakout")]
+    assert len(rows) == 1 and "| 101,102,103 |" in rows[0]
+    assert not any(line.startswith("| Asterix") for line in proc.stdout.splitlines())
+    # Only the runs with a curve are drawn; the plot is still made.
+    assert (tmp_path / "plots" / "Breakout.png").exists()
