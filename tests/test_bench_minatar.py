@@ -56,7 +56,7 @@ def test_from_json_reports_every_seed_of_every_file_and_skips_unrun_games(tmp_pa
     proc = subprocess.run(
         [sys.executable, "bench/minatar_suite.py", "learn", "--from-json", *map(str, paths),
          "--plot-dir", str(tmp_path / "plots")],
-        cwd=ROOT, capture_output=True, text=True, check=True)
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| Breakout")]
     assert len(rows) == 1 and "| 101,102,103 |" in rows[0]
     assert not any(line.startswith("| Asterix") for line in proc.stdout.splitlines())
