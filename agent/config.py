@@ -68,6 +68,19 @@ class Config:
     """Widths of the hidden layers of the Q head."""
     dueling: bool = False
     """Dueling head: Q = V + A - mean(A)."""
+    distributional: bool = False
+    """C51 head (Bellemare et al. 2017): a categorical distribution of the return over
+    num_atoms atoms from v_min to v_max for each action, learned by the cross entropy to
+    the projected n-step double-DQN target; actions are greedy on its expectation.
+    loss and huber_delta then do not apply. See docs/training.md."""
+    num_atoms: int = 51
+    """Atoms of the distributional head (C51's 51), at least 2."""
+    v_min: float = -100.0
+    """Lowest atom of the distributional head: below the lowest discounted return the
+    env can give (returns outside [v_min, v_max] are clipped to it)."""
+    v_max: float = 100.0
+    """Highest atom of the distributional head (Rainbow's Atari support, with clipped
+    rewards, is [-10, 10])."""
     noisy_layers: Literal["all", "last", "none"] = "last"
     """Which linear layers are noisy; ``none`` gives a plain DQN (epsilon-greedy)."""
     sigma0: float = 0.5
@@ -114,6 +127,18 @@ class Config:
     copy), ``pinned`` (host memory, batches copied over through pinned staging), or
     ``auto``: the GPU when the buffer fits in a quarter of its free memory, else pinned
     host memory. Frame replay (Atari) stays on the host. On a CPU, the host."""
+    prioritized_replay: bool = False
+    """Proportional prioritized replay (Schaul et al. 2016): sample transitions in
+    proportion to (|TD error| + priority_eps)^priority_alpha (the cross entropy, with a
+    distributional head), new ones at the largest priority so far, each loss weighted by
+    its importance-sampling weight."""
+    priority_alpha: float = 0.5
+    """How much priorities count, in (0, 1] (Rainbow's 0.5)."""
+    priority_beta: float = 0.4
+    """Importance-sampling exponent at the start, in [0, 1], annealed linearly to 1 over
+    total_steps (Rainbow's 0.4)."""
+    priority_eps: float = 1e-6
+    """Added to every error that sets a priority, so that none is zero."""
     save_buffer: bool = False
     """Store the replay buffer in checkpoints (needed for an exact resume; can be large)."""
     batch_size: int = 32
@@ -261,6 +286,29 @@ class Config:
             f"learning_starts ({self.learning_starts}) must be >= batch_size ({self.batch_size})",
             f"--set learning_starts={self.batch_size}",
         )
+        if self.distributional:
+            need(
+                self.num_atoms >= 2,
+                f"a distributional head needs at least 2 atoms, got num_atoms={self.num_atoms}",
+                "--set num_atoms=51",
+            )
+            need(
+                self.v_min < self.v_max,
+                f"the distributional support is empty: v_min ({self.v_min}) must be below "
+                f"v_max ({self.v_max})",
+                "e.g. --set v_min=-100 --set v_max=100",
+            )
+        need(
+            0 < self.priority_alpha <= 1,
+            f"priority_alpha must be in (0, 1], got {self.priority_alpha}",
+            default("priority_alpha"),
+        )
+        need(
+            0 <= self.priority_beta <= 1,
+            f"priority_beta must be in [0, 1], got {self.priority_beta}",
+            default("priority_beta"),
+        )
+        positive("priority_eps")
         at_least("random_starts", 0)
         at_least("train_freq", 1)
         positive("lr")
@@ -304,6 +352,8 @@ def config_reference() -> str:
         ):
             value = defaults[name]
             value = value if isinstance(value, str) else json.dumps(value)
+            if "e" in value and "." not in value and value[-1].isdigit():
+                value = value.replace("e", ".0e")  # 1e-06 reads back as a YAML float
             doc = " ".join(docs.pop(name).split()).replace("|", "\\|")
             out.append(f"| `{name}` | `{value}` | {doc} |")
     return "\n".join(out).strip() + "\n"

@@ -47,6 +47,7 @@ from torch import nn
 
 from agent.errors import UserError
 from agent.noisy import NoisyLinear, noise_disabled
+from agent.values import q_values, support_of
 
 __all__ = [
     "FORMATS",
@@ -101,8 +102,8 @@ class GreedyPolicy(nn.Module):
         self.q_network = q_network
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q_values = self.q_network(obs)
-        return q_values, q_values.argmax(dim=1)
+        q = q_values(self.q_network(obs), support_of(self.q_network))
+        return q, q.argmax(dim=-1)
 
 
 def require_format(fmt: str) -> None:
@@ -258,7 +259,7 @@ def verify(
             q, a = exported(np.ascontiguousarray(batch))
             q_exp.append(np.asarray(q, dtype=np.float64))
             a_exp.append(np.asarray(a).reshape(-1))
-            ref = q_network(torch.as_tensor(batch, device=device))
+            ref = q_values(q_network(torch.as_tensor(batch, device=device)), support_of(q_network))
             q_ref.append(ref.to(device="cpu", dtype=torch.float64).numpy())
     q_exported, actions, q_reference = (np.concatenate(x) for x in (q_exp, a_exp, q_ref))
     if q_exported.shape != q_reference.shape or actions.shape != (len(observations),):

@@ -11,10 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent.distributional import CategoricalObjective
 from agent.noisy import NoiseBuffers, noise_switched, noisy_layers
 from agent.numpy_backend import GradientSink, NumpyProgram
 from agent.optim import Adam
-from agent.replay_base import Batch
+from agent.replay.base import Batch
+from agent.values import greedy_actions, support_of
 
 __all__ = [
     "CapturedUpdate",
@@ -35,6 +37,7 @@ class BatchLike(Protocol):
     next_obs: torch.Tensor  # (B, *obs_shape)
     dones: torch.Tensor  # (B,) 1 where the episode terminated within the n steps
     discounts: torch.Tensor  # (B,) gamma^k for the k steps actually taken
+    weights: torch.Tensor | None  # (B,) importance weights (prioritized replay), or None
 
 
 class NonFiniteError(RuntimeError):
@@ -80,24 +83,107 @@ class TDLoss:
             return F.huber_loss(q_taken, target, delta=self.delta)
         return F.mse_loss(q_taken, target)
 
-    def torch_by_row(self, q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The loss of each row of ``(S, B)`` inputs, ``(S,)``: one seed's batch per row."""
+    def per_sample(self, q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss of each element (no reduction)."""
         if self.kind == "huber":
-            return F.huber_loss(q_taken, target, reduction="none", delta=self.delta).mean(-1)
-        return F.mse_loss(q_taken, target, reduction="none").mean(-1)
+            return F.huber_loss(q_taken, target, reduction="none", delta=self.delta)
+        return F.mse_loss(q_taken, target, reduction="none")
 
-    def numpy(self, q_taken: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
-        """(the loss, its gradient with respect to ``q_taken``)."""
+    def numpy(
+        self, q_taken: np.ndarray, target: np.ndarray, weights: np.ndarray | None = None
+    ) -> tuple[float, np.ndarray]:
+        """(the loss, its gradient with respect to ``q_taken``); with ``weights``, the
+        weighted mean."""
         batch_size = len(q_taken)
         diff = q_taken - target  # (B,)
         if self.kind == "huber":
             grad = np.minimum(np.maximum(diff, -self.delta), self.delta)  # clip(diff, -d, d)
             # clip * (diff - clip / 2) is diff^2 / 2 inside [-d, d], d (|diff| - d / 2) outside
-            loss = np.dot(grad, diff - 0.5 * grad) / batch_size
+            if weights is None:
+                loss = np.dot(grad, diff - 0.5 * grad) / batch_size
+            else:
+                loss = np.dot(weights * grad, diff - 0.5 * grad) / batch_size
         else:
-            loss = np.dot(diff, diff) / batch_size
+            loss = np.dot(diff, diff if weights is None else weights * diff) / batch_size
             grad = 2.0 * diff
+        if weights is not None:
+            grad = grad * weights
         return loss, grad / batch_size
+
+
+def weighted_mean(
+    per_sample: torch.Tensor, weights: torch.Tensor | None, by_row: bool = False
+) -> torch.Tensor:
+    """The mean of per-sample losses, weighted by importance ``weights`` if any; over the
+    last axis only with ``by_row`` (one seed's batch per row)."""
+    values = per_sample if weights is None else weights * per_sample
+    return values.mean(dim=-1) if by_row else values.mean()
+
+
+class ValueObjective:
+    """The expected-value head's double-DQN TD target and loss, for Q values ``(..., B, A)``:
+    autograd over any leading axes (a seed axis), and numpy with its gradient. Per-sample
+    errors ``|Q(s, a) - target|`` are what prioritized replay keeps."""
+
+    def __init__(self, loss: TDLoss) -> None:
+        self.loss = loss
+
+    def target(
+        self,
+        next_target: torch.Tensor,
+        next_actions: torch.Tensor,
+        rewards: torch.Tensor,
+        discounts: torch.Tensor,
+        dones: torch.Tensor,
+    ) -> torch.Tensor:
+        next_q = next_target.gather(-1, next_actions.unsqueeze(-1)).squeeze(-1)  # (..., B)
+        return td_target(rewards, discounts, dones, next_q)
+
+    def loss_and_errors(
+        self,
+        output: torch.Tensor,
+        actions: torch.Tensor,
+        target: torch.Tensor,
+        weights: torch.Tensor | None,
+        by_row: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the loss: a scalar, or ``(S,)`` ``by_row``; per-sample errors; Q of the taken
+        actions), the last two detached."""
+        q_taken = output.gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # (..., B)
+        if weights is None and not by_row:
+            loss = self.loss.torch(q_taken, target)
+        else:
+            loss = weighted_mean(self.loss.per_sample(q_taken, target), weights, by_row)
+        q_taken = q_taken.detach()
+        return loss, (q_taken - target).abs(), q_taken
+
+    def target_numpy(
+        self,
+        next_target: np.ndarray,
+        next_actions: np.ndarray,
+        rewards: np.ndarray,
+        discounts: np.ndarray,
+        dones: np.ndarray,
+    ) -> np.ndarray:
+        next_q = next_target[np.arange(len(next_actions)), next_actions]  # (B,)
+        return td_target(rewards, discounts, dones, next_q)
+
+    def loss_numpy(
+        self,
+        output: np.ndarray,
+        actions: np.ndarray,
+        target: np.ndarray,
+        weights: np.ndarray | None,
+    ) -> tuple[float, np.ndarray, np.ndarray, float]:
+        """(the loss; its gradient with respect to ``output`` ``(B, A)``; per-sample
+        errors ``(B,)``; the mean Q of the taken actions)."""
+        batch_size = len(actions)
+        rows = np.arange(batch_size)
+        q_taken = output[rows, actions]  # (B,)
+        loss, grad_taken = self.loss.numpy(q_taken, target, weights)
+        grad = np.zeros_like(output)
+        grad[rows, actions] = grad_taken
+        return loss, grad, np.abs(q_taken - target), q_taken.sum() / batch_size
 
 
 class RunningMetrics:
@@ -147,6 +233,14 @@ class Learner:
     several times cheaper on small networks (docs/research/log.md). :attr:`backend` says which runs.
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
+
+    The head decides the objective: a network with a ``support``
+    (:func:`~agent.values.support_of`, a C51 head) learns by the cross entropy to the
+    projected target distribution (:class:`~agent.distributional.CategoricalObjective`),
+    any other by the TD loss (``loss``, ``huber_delta``; :class:`ValueObjective`). A
+    batch with importance ``weights`` (prioritized replay) weights each sample's loss.
+    :meth:`update` returns the per-sample errors that prioritized replay keeps: ``|TD
+    error|``, or the cross entropy; a tensor on the networks' device (no host read).
     """
 
     def __init__(
@@ -172,7 +266,12 @@ class Learner:
         self.q_network = q_network
         self.target_network = target_network
         self.double_dqn = double_dqn
-        self.loss = TDLoss(loss, huber_delta)
+        self.support = support_of(q_network)
+        self.objective: ValueObjective | CategoricalObjective = (
+            ValueObjective(TDLoss(loss, huber_delta))
+            if self.support is None
+            else CategoricalObjective(self.support)
+        )
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         draws = noise and update_noise > 0  # the updates run on noise of their own
@@ -204,7 +303,8 @@ class Learner:
         self.backend: Literal["torch", "numpy"] = "numpy" if self._numpy else "torch"
 
     def update(self, batch: BatchLike) -> torch.Tensor:
-        """One gradient step on ``batch`` (tensors on the networks' device); returns the loss."""
+        """One gradient step on ``batch`` (tensors on the networks' device); returns the
+        per-sample errors ``(B,)``, detached, on the networks' device."""
         if not self._mean_for_update:
             return self._update(batch)
         with noise_switched(self._mean_for_update, False):
@@ -219,18 +319,18 @@ class Learner:
         # One online forward over obs and next_obs together: half the per-call overhead
         # of two forwards, and the same noise for both halves (as in Rainbow).
         obs_both = torch.cat([batch.obs, batch.next_obs])
-        q_both = self.update_noise_buffers.forward(obs_both)  # (2B, A)
-        q, q_next_online = q_both[:batch_size], q_both[batch_size:].detach()
+        out_both = self.update_noise_buffers.forward(obs_both)  # (2B, A) or (2B, A, N)
+        out, out_next_online = out_both[:batch_size], out_both[batch_size:].detach()
         with torch.no_grad():
-            q_next_target = self.target_network(batch.next_obs)  # (B, A)
-            if self.double_dqn:
-                next_actions = q_next_online.argmax(dim=1, keepdim=True)  # (B, 1)
-            else:
-                next_actions = q_next_target.argmax(dim=1, keepdim=True)
-            next_q = q_next_target.gather(1, next_actions).squeeze(1)  # (B,)
-            target = td_target(batch.rewards, batch.discounts, batch.dones, next_q)
-        q_taken = q.gather(1, batch.actions.unsqueeze(1)).squeeze(1)  # (B,)
-        loss = self.loss.torch(q_taken, target)
+            out_next_target = self.target_network(batch.next_obs)
+            chooser = out_next_online if self.double_dqn else out_next_target
+            next_actions = greedy_actions(chooser, self.support)  # (B,)
+            target = self.objective.target(
+                out_next_target, next_actions, batch.rewards, batch.discounts, batch.dones
+            )
+        loss, errors, q_taken = self.objective.loss_and_errors(
+            out, batch.actions, target, batch.weights
+        )
 
         self.optimizer.zero_grad()
         loss.backward()
@@ -238,10 +338,10 @@ class Learner:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
 
-        self.running.sums += torch.stack([loss.detach(), q_taken.detach().mean()])
+        self.running.sums += torch.stack([loss.detach(), q_taken.mean()])
         self.running.count += 1
         self.updates += 1
-        return loss.detach()
+        return errors
 
     def draw_update_noise(self) -> None:
         """Fresh noise for an update: the online network's (into buffers of its own),
@@ -294,6 +394,8 @@ class _NumpyUpdate:
         self.online = online
         self.target = target
         self._sums = learner.running.sums.numpy()  # the running metric sums, a view
+        support = learner.support
+        self.support = None if support is None else support.numpy()
         self._flat_grad = learner.optimizer.flat_grad.numpy()  # every gradient, a view
 
     @classmethod
@@ -321,26 +423,24 @@ class _NumpyUpdate:
         obs, next_obs = batch.obs.numpy(), batch.next_obs.numpy()
         actions = batch.actions.numpy()
         batch_size = len(actions)
-        rows = np.arange(batch_size)
+        weights = None if batch.weights is None else batch.weights.numpy()
 
         # One online forward over obs and next_obs together (the same noise for both, as
         # the autograd path); backward reads only obs's rows of it.
-        q_both = self.online.forward(np.concatenate([obs, next_obs]), tape=True)  # (2B, A)
-        q, q_next_online = q_both[:batch_size], q_both[batch_size:]
-        q_next_target = self.target.forward(next_obs)  # (B, A)
-        chooser = q_next_online if learner.double_dqn else q_next_target
-        next_q = q_next_target[rows, chooser.argmax(axis=1)]  # (B,)
-        target = td_target(batch.rewards.numpy(), batch.discounts.numpy(),
-                           batch.dones.numpy(), next_q)  # fmt: skip
-        q_taken = q[rows, actions]  # (B,)
-        loss, grad_taken = learner.loss.numpy(q_taken, target)
-        grad_q = np.zeros_like(q)
-        grad_q[rows, actions] = grad_taken
+        out_both = self.online.forward(np.concatenate([obs, next_obs]), tape=True)  # (2B, A[, N])
+        out, out_next_online = out_both[:batch_size], out_both[batch_size:]
+        out_next_target = self.target.forward(next_obs)
+        chooser = out_next_online if learner.double_dqn else out_next_target
+        next_actions = greedy_actions(chooser, self.support)  # (B,)
+        objective = learner.objective
+        target = objective.target_numpy(out_next_target, next_actions, batch.rewards.numpy(),
+                                        batch.discounts.numpy(), batch.dones.numpy())  # fmt: skip
+        loss, grad_out, errors, q_taken = objective.loss_numpy(out, actions, target, weights)
 
         learner.optimizer.zero_grad()
         sink = self.online.sink
         sink.clear()
-        self.online.backward(grad_q)
+        self.online.backward(grad_out)
         learner.optimizer.mark_written(sink.written)  # the step takes what backward wrote
         if learner.max_grad_norm is not None:
             # clip_grad_norm_'s rule on the flat buffer, without its torch ops' fixed cost
@@ -351,10 +451,10 @@ class _NumpyUpdate:
         learner.optimizer.step()
 
         self._sums[0] += loss
-        self._sums[1] += q_taken.sum() / batch_size
+        self._sums[1] += q_taken
         learner.running.count += 1
         learner.updates += 1
-        return torch.from_numpy(np.asarray(loss, dtype=q.dtype))
+        return torch.from_numpy(errors.astype(out.dtype, copy=False))
 
 
 class CapturedUpdate:
@@ -376,13 +476,15 @@ class CapturedUpdate:
         self.static: Batch | None = None
         self._stepped: frozenset[int] = frozenset()
 
-    def __call__(self, batch: BatchLike) -> torch.Tensor:
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        """As :meth:`Learner.update`: the per-sample errors (the graph's static output,
+        overwritten by the next replay: copy it, or use it before the next call)."""
         if self.graph is None and self.capture is not None:
             self._capture(batch)
         if self.graph is None:  # capture failed: eager updates, the same steps
             return self.learner.update(batch)
         assert self.static is not None
-        for static, value in zip(self.static, _fields(batch), strict=True):
+        for static, value in zip(self.static.learned, batch.learned, strict=True):
             static.copy_(value, non_blocking=True)
         learner = self.learner
         updates, count = learner.updates, learner.running.count
@@ -398,7 +500,8 @@ class CapturedUpdate:
 
     def _capture(self, batch: BatchLike) -> None:
         learner = self.learner
-        self.static = Batch(*(torch.empty_like(t).copy_(t) for t in _fields(batch)))
+        fields = [torch.empty_like(t).copy_(t) for t in batch.learned]
+        self.static = Batch(*fields[:6], None, fields[6] if len(fields) > 6 else None)
         saved = _learner_state(learner)
         try:
             graph = self.capture(lambda _obs: learner.update(self.static), (self.static.obs,))
@@ -415,11 +518,6 @@ class CapturedUpdate:
         self._stepped = frozenset(i for i, has in enumerate(learner.optimizer.has_grad) if has)
         _restore_learner_state(learner, saved)
         self.graph = graph
-
-
-def _fields(batch: BatchLike) -> tuple[torch.Tensor, ...]:
-    return (batch.obs, batch.actions, batch.rewards, batch.next_obs, batch.dones,
-            batch.discounts)  # fmt: skip
 
 
 def _learner_state(learner: Learner) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from agent.noisy import NoiseBuffers, noise_disabled, noise_switched, noisy_layers
+from agent.values import greedy_actions, q_values, support_of
 
 __all__ = ["Monitor", "action_disagreement", "exploration_stats", "noise_stats", "q_gap"]
 
@@ -44,7 +45,7 @@ def _device(q_network: nn.Module) -> torch.device:
 
 def _noise_free_q(q_network: nn.Module, obs: torch.Tensor) -> torch.Tensor:
     with noise_disabled(q_network):
-        return q_network(obs.to(_device(q_network)))
+        return q_values(q_network(obs.to(_device(q_network))), support_of(q_network))
 
 
 def _top_two_gap(q: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def _noisy_greedy(
         actions = []
         for chunk in obs.chunk(max(1, draws)):
             noise.draw(generator)
-            actions.append(noise.forward(chunk).argmax(dim=1))
+            actions.append(greedy_actions(noise.forward(chunk), support_of(q_network)))
         return torch.cat(actions)
 
 
@@ -94,7 +95,7 @@ def action_disagreement(
     """
     if not noisy_layers(q_network):
         return 0.0
-    greedy = _noise_free_q(q_network, obs).argmax(dim=1)
+    greedy = _noise_free_q(q_network, obs).argmax(dim=-1)
     noisy = _noisy_greedy(q_network, obs, draws, generator)
     return (noisy != greedy).float().mean().item()
 
@@ -123,7 +124,7 @@ def exploration_stats(
     stats = {"exploration/q_gap": _top_two_gap(q).float()}
     if noisy and noisy_layers(q_network):
         generator = torch.Generator(device=_device(q_network)).manual_seed(seed)
-        changed = _noisy_greedy(q_network, obs, draws, generator) != q.argmax(dim=1)
+        changed = _noisy_greedy(q_network, obs, draws, generator) != q.argmax(dim=-1)
         stats["exploration/action_disagreement"] = changed.float().mean()
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats, values, strict=True))

@@ -1,4 +1,5 @@
-"""Q-networks: an MLP, MinAtar-CNN or Nature-CNN torso, a (noisy) Q head, optional dueling."""
+"""Q-networks: an MLP, MinAtar-CNN or Nature-CNN torso, a (noisy) Q head, optional dueling,
+optionally distributional (C51)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from agent.distributional import make_support
 from agent.noisy import NoisyLinear
 from agent.noisy import noisy_layers as find_noisy_layers
 
@@ -139,7 +141,14 @@ class QNetwork(nn.Module):
         sigma0: initial noise scale of the NoisyLinear layers.
         dueling: value and advantage streams, Q = V + A - mean(A)
             (Wang et al. 2016).
+        num_atoms: 1 for action values; N >= 2 for a C51 head (Bellemare et al. 2017):
+            logits over N atoms evenly spaced in ``[v_min, v_max]`` for every action,
+            the dueling streams combined per atom as Rainbow combines them.
+        v_min, v_max: the support of a C51 head (:attr:`support`).
         device, dtype: where and in which precision the parameters live.
+
+    ``forward`` gives Q values ``(B, n_actions)``, or with ``num_atoms`` N the logits
+    ``(B, n_actions, N)``; :func:`agent.values.q_values` turns either into action values.
     """
 
     def __init__(
@@ -151,6 +160,9 @@ class QNetwork(nn.Module):
         noisy_layers: NoisyLayers = "all",
         sigma0: float = 0.5,
         dueling: bool = False,
+        num_atoms: int = 1,
+        v_min: float = -10.0,
+        v_max: float = 10.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -165,10 +177,19 @@ class QNetwork(nn.Module):
             raise ValueError(f"hidden sizes must be positive, got {hidden_sizes}")
         if dueling and not hidden_sizes:
             raise ValueError("a dueling head needs at least one hidden layer")
+        if num_atoms < 1:
+            raise ValueError(f"num_atoms must be 1 (action values) or >= 2 (C51), got {num_atoms}")
         factory = {"device": device, "dtype": dtype}
         self.obs_shape = obs_shape
         self.n_actions = int(n_actions)
         self.dueling = bool(dueling)
+        self.num_atoms = int(num_atoms)
+        # The atoms of a C51 head, None for action values. Not persistent: rebuilt from
+        # the constructor's arguments, so a state dict holds the parameters only (and a
+        # seed's slice of a stacked one stays whole).
+        support = make_support(v_min, v_max, self.num_atoms, **factory) if num_atoms > 1 else None
+        self.register_buffer("support", support, persistent=False)
+        outputs = self.n_actions * self.num_atoms  # per atom: one output per action and atom
 
         if len(obs_shape) == 1:
             self.torso: nn.Module = nn.Identity()
@@ -190,7 +211,7 @@ class QNetwork(nn.Module):
             return [False] * n_layers
 
         if not self.dueling:
-            sizes = [features, *hidden_sizes, self.n_actions]
+            sizes = [features, *hidden_sizes, outputs]
             self.head = _mlp(sizes, noisy_flags(len(sizes) - 1), sigma0, factory)
         else:
             shared = [features, *hidden_sizes[:-1]]
@@ -202,23 +223,29 @@ class QNetwork(nn.Module):
             if len(shared) > 1:
                 self.head.append(nn.ReLU())
             stream_in, width = shared[-1], hidden_sizes[-1]
-            self.value = _mlp([stream_in, width, 1], noisy_flags(2), sigma0, factory)
-            self.advantage = _mlp(
-                [stream_in, width, self.n_actions], noisy_flags(2), sigma0, factory
-            )
+            self.value = _mlp([stream_in, width, self.num_atoms], noisy_flags(2), sigma0, factory)
+            self.advantage = _mlp([stream_in, width, outputs], noisy_flags(2), sigma0, factory)
         # Cached at construction (found by type): resetting noise is on the hot path.
         self._noisy = find_noisy_layers(self)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """``obs``: ``(B, *obs_shape)`` on the network's device -> Q values ``(B, n_actions)``."""
+        """``obs``: ``(B, *obs_shape)`` on the network's device -> Q values ``(B, n_actions)``,
+        or C51 logits ``(B, n_actions, num_atoms)``. Leading axes before ``B`` pass through
+        (a stacked network's seed axis)."""
         if not isinstance(self.torso, NatureCNN):  # the Nature CNN scales uint8 frames itself
             obs = obs.to(dtype=self._param_dtype())
         x = self.head(self.torso(obs))
+        if self.num_atoms == 1:
+            if not self.dueling:
+                return x
+            value = self.value(x)  # (B, 1)
+            advantage = self.advantage(x)  # (B, n_actions)
+            return value + advantage - advantage.mean(dim=-1, keepdim=True)
         if not self.dueling:
-            return x
-        value = self.value(x)  # (B, 1)
-        advantage = self.advantage(x)  # (B, n_actions)
-        return value + advantage - advantage.mean(dim=-1, keepdim=True)
+            return x.unflatten(-1, (self.n_actions, self.num_atoms))
+        value = self.value(x).unflatten(-1, (1, self.num_atoms))  # (B, 1, N)
+        advantage = self.advantage(x).unflatten(-1, (self.n_actions, self.num_atoms))
+        return value + advantage - advantage.mean(dim=-2, keepdim=True)
 
     def _param_dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype

@@ -38,12 +38,11 @@ from agent.episodes import Episodes
 from agent.errors import UserError
 from agent.evaluate import Evaluator, json_ready
 from agent.exploration import Exploration
-from agent.frame_replay import FrameReplayBuffer
 from agent.learner import CapturedUpdate, Learner, Metrics, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
-from agent.replay import ReplayBuffer
-from agent.replay_base import Batch, Replay, choose_storage
+from agent.replay import Batch, FrameReplayBuffer, Replay, ReplayBuffer, choose_storage
+from agent.replay.prioritized import annealed_beta
 from agent.signals import StopSignals
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
@@ -123,7 +122,8 @@ class Agent:
     """Evaluation: greedy on the mean weights, one action per evaluation env."""
     learner: Learner
     update: Callable[[Batch], torch.Tensor]
-    """``learner.update``, or on CUDA with ``capture_graph`` the same captured as a graph."""
+    """``learner.update``, or on CUDA with ``capture_graph`` the same captured as a graph:
+    a batch in, its per-sample errors out (for prioritized replay)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -147,6 +147,9 @@ def build_q_network(
         noisy_layers=cfg.noisy_layers,
         sigma0=cfg.sigma0,
         dueling=cfg.dueling,
+        num_atoms=cfg.num_atoms if cfg.distributional else 1,
+        v_min=cfg.v_min,
+        v_max=cfg.v_max,
         device=device,
         dtype=getattr(torch, cfg.dtype),
     )
@@ -156,7 +159,7 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
     """Online and target networks, replay, the two selectors and the learner of a run."""
     q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
     target_network = copy.deepcopy(q_network).requires_grad_(False)  # it never learns
-    # Image stacks (C, H, W) of integer frames: each frame stored once (agent/frame_replay.py).
+    # Image stacks (C, H, W) of integer frames: each frame stored once (agent/replay/frames.py).
     frames = cfg.frame_replay and len(spec.obs_shape) == 3 and spec.obs_dtype == "uint8"
     float_dtype = getattr(torch, cfg.dtype)
     size = ReplayBuffer.storage_bytes(cfg.buffer_size, spec.obs_shape, np.dtype(spec.obs_dtype),
@@ -174,6 +177,8 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
             gamma=cfg.gamma,
             num_envs=cfg.num_envs,
             float_dtype=float_dtype,
+            alpha=cfg.priority_alpha if cfg.prioritized_replay else None,
+            priority_eps=cfg.priority_eps,
         )
     except ValueError as e:
         raise UserError(f"invalid config: {e}") from None
@@ -303,7 +308,7 @@ def prepare_run(
     if device.type == "cuda":  # where replay_storage auto put the buffer
         ran["replay_storage"] = "device" if agent.replay.storage_device.type == "cuda" else "pinned"
     (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
-    sample_generator = torch.Generator(device=agent.replay.storage_device).manual_seed(cfg.seed)
+    sample_generator = torch.Generator(device=agent.replay.generator_device).manual_seed(cfg.seed)
     exploration = Exploration(
         cfg.exploration, spec.n_actions, np.random.default_rng([cfg.seed, 2]),
         total_steps=cfg.total_steps, random_starts=cfg.random_starts,
@@ -451,8 +456,11 @@ def train(
 
             # --- learn: one update per train_freq env steps, once learning has started ---
             if step >= counters.learning_starts and len(replay) >= cfg.batch_size:
+                beta = annealed_beta(cfg.priority_beta, step / cfg.total_steps)
                 while learner.updates < counters.updates_due(cfg.train_freq):
-                    update(replay.sample(cfg.batch_size, run.sample_generator))
+                    batch = replay.sample(cfg.batch_size, run.sample_generator, beta)
+                    # per-sample errors, for a prioritized replay's priorities
+                    replay.update_priorities(batch.indices, update(batch))
                 if crossed(step, n, cfg.target_update_interval):
                     learner.sync_target()
 
@@ -581,7 +589,7 @@ def exploration_probe(
     Generators of its own, seeded with ``seed``: no training RNG stream moves. Samples
     of ``batch_size``, the size the pinned staging slots were made for.
     """
-    generator = torch.Generator(device=replay.storage_device).manual_seed(seed)
+    generator = torch.Generator(device=replay.generator_device).manual_seed(seed)
     draws = max(1, PROBE_STATES // batch_size)
     obs = torch.cat([replay.sample(batch_size, generator).obs for _ in range(draws)])
     return exploration_stats(q_network, obs, draws=draws, seed=seed, noisy=noisy)

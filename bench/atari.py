@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vector import machine, measure_sps
 
 from agent.config import load_config
-from agent.frame_replay import FrameReplayBuffer
+from agent.replay.frames import FrameReplayBuffer
 from agent.replay import ReplayBuffer
 
 T = TypeVar("T")

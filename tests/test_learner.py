@@ -57,13 +57,13 @@ def test_double_dqn_values_the_online_argmax_with_the_target_net() -> None:
             p.mul_(-1.0)
     batch = _batch(b=64)
     captured: dict[str, torch.Tensor] = {}
-    original = learner.loss.torch
+    original = learner.objective.loss.torch
 
     def spy(q_taken: torch.Tensor, target_values: torch.Tensor) -> torch.Tensor:
         captured["target"] = target_values
         return original(q_taken, target_values)
 
-    learner.loss.torch = spy  # type: ignore[method-assign]
+    learner.objective.loss.torch = spy  # type: ignore[method-assign]
     torch.manual_seed(5)
     learner.update(batch)
     # Recompute with the same noise draws: reset order is online then target.
@@ -85,7 +85,12 @@ def test_update_reduces_loss_on_a_fixed_batch_and_touches_mu_and_sigma(backend: 
     assert learner.backend == backend
     batch = _batch(b=32)
     before = [p.detach().clone() for p in learner.q_network.parameters()]
-    losses = [learner.update(batch).item() for _ in range(200)]
+    losses = []
+    for _ in range(200):
+        learner.update(batch)
+        metrics = learner.metrics()
+        assert metrics is not None
+        losses.append(metrics.td_loss)
     assert sum(losses[-20:]) / 20 < 0.7 * sum(losses[:20]) / 20
     for b, p in zip(before, learner.q_network.parameters(), strict=True):
         assert not torch.equal(b, p)
@@ -195,7 +200,9 @@ def test_hard_and_polyak_target_sync() -> None:
 def test_metrics_are_means_since_last_call_and_detect_divergence(backend: str) -> None:
     learner = _learner(backend=backend)
     assert learner.metrics() is None
-    losses = [learner.update(_batch(seed=i)).item() for i in range(4)]
+    # The update returns |TD errors|; the Huber loss (delta 1) is their mean under huber.
+    errors = [learner.update(_batch(seed=i)) for i in range(4)]
+    losses = [torch.where(e <= 1, 0.5 * e * e, e - 0.5).mean().item() for e in errors]
     m = learner.metrics()
     assert m is not None and m.updates == 4
     assert m.td_loss == pytest.approx(sum(losses) / 4, rel=1e-5)
@@ -235,8 +242,8 @@ def test_update_keeps_device_and_dtype(
     device: str, dtype: torch.dtype, update_noise: float
 ) -> None:
     learner = _learner(device, dtype, update_noise=update_noise)
-    loss = learner.update(_batch(device=device, dtype=dtype))
-    assert loss.device.type == device and loss.dtype == dtype
+    errors = learner.update(_batch(device=device, dtype=dtype))
+    assert errors.device.type == device and errors.dtype == dtype and errors.shape == (16,)
     for p in learner.q_network.parameters():
         assert p.device.type == device and p.dtype == dtype
 
@@ -244,8 +251,8 @@ def test_update_keeps_device_and_dtype(
 @pytest.mark.parametrize("update_noise", [1.0, 0.5, 0.0])
 def test_update_on_meta_creates_nothing_elsewhere(update_noise: float) -> None:
     learner = _learner("meta", update_noise=update_noise)
-    loss = learner.update(_batch(device="meta"))
-    assert loss.device.type == "meta"
+    errors = learner.update(_batch(device="meta"))
+    assert errors.device.type == "meta"
     learner.sync_target()
     assert all(p.device.type == "meta" for p in learner.target_network.parameters())
 
@@ -305,10 +312,12 @@ def test_numpy_updates_equal_autograd_updates(noisy: str, dueling: bool, kw: dic
     for i in range(12):
         batch = _batch(b=32, dtype=torch.float64, seed=i)
         batch = Batch(batch.obs, batch.actions % 3, *batch[2:])
+        errors = []
         for learner in (a, b):
             torch.manual_seed(100 + i)  # both draw their update noise from here
-            loss = learner.update(batch)
-            assert loss.dtype == torch.float64 and loss.shape == ()
+            errors.append(learner.update(batch))
+            assert errors[-1].dtype == torch.float64 and errors[-1].shape == (32,)
+        torch.testing.assert_close(errors[0], errors[1], rtol=1e-9, atol=1e-12)
         if i % 4 == 3:
             a.sync_target()
             b.sync_target()

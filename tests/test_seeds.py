@@ -129,7 +129,7 @@ def _batches(seeds: int, b: int, seed: int) -> list[Batch]:
 
 
 def _stack(batches: list[Batch]) -> Batch:
-    return Batch(*(torch.stack(fields) for fields in zip(*batches, strict=True)))
+    return Batch.stack(batches)
 
 
 def _same_noise_as(seed_learner: SeedLearner, learner: Learner, i: int) -> None:
@@ -231,8 +231,8 @@ def test_meta_and_dtype_stay_where_they_are(dtype: torch.dtype) -> None:
         dones=torch.empty(S, 4, device="meta", dtype=dtype),
         discounts=torch.empty(S, 4, device="meta", dtype=dtype),
     )
-    losses = learner.update(batch)
-    assert losses.device.type == "meta" and losses.dtype == dtype and losses.shape == (S,)
+    errors = learner.update(batch)
+    assert errors.device.type == "meta" and errors.dtype == dtype and errors.shape == (S, 4)
     assert all(t.device.type == "meta" for t in [*stacked.parameters(), *stacked.buffers()])
 
 
@@ -243,8 +243,8 @@ def test_the_benchmark_times_what_it_names() -> None:
     runs = bench.variants(2, torch.device("cpu"))
     for fn, seeds in runs.values():
         out = fn()
-        if isinstance(out, torch.Tensor) and out.dim() == 1:  # losses: one per seed
-            assert out.shape == (seeds,)
+        if isinstance(out, torch.Tensor):  # per-sample errors: a batch per seed
+            assert out.shape in ((seeds, bench.BATCH), (bench.BATCH,))
         if isinstance(out, np.ndarray):  # actions: one per seed's observation
             assert out.shape in ((seeds, 1), (1,))
 

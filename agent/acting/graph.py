@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from agent.noisy import noisy_layers
+from agent.values import greedy_actions, support_of
 
 __all__ = ["CaptureFn", "CapturedGraph", "capture_cuda_graph", "capture_eager", "make_act_fn"]
 
@@ -36,7 +37,8 @@ __all__ = ["CaptureFn", "CapturedGraph", "capture_cuda_graph", "capture_eager", 
 def make_act_fn(
     q_network: nn.Module, *, resample: bool, noise: bool
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The action function: ``obs -> argmax_a Q(obs, a)`` as a device tensor of int64.
+    """The action function: ``obs -> argmax_a Q(obs, a)`` as a device tensor of int64
+    (:func:`agent.values.greedy_actions`: a C51 head's by its expected values).
 
     Args:
         q_network: the online network (any module; its NoisyLinear layers are found by type).
@@ -49,6 +51,7 @@ def make_act_fn(
     captured as a CUDA graph (and is tested for this on the CPU and on ``meta``).
     """
     layers = noisy_layers(q_network)
+    support = support_of(q_network)
 
     def act(obs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -61,7 +64,7 @@ def make_act_fn(
             for layer in layers:
                 layer.noise_enabled = noise
             try:
-                return q_network(obs).argmax(dim=1)
+                return greedy_actions(q_network(obs), support)
             finally:
                 for layer, was in zip(layers, previous, strict=True):
                     layer.noise_enabled = was

@@ -40,6 +40,7 @@ from agent.acting.graph import (
 )
 from agent.numpy_backend import NumpyForward
 from agent.noisy import noisy_layers
+from agent.values import greedy_actions, support_of
 
 __all__ = ["ActionSelector", "Backend"]
 
@@ -243,8 +244,9 @@ class ActionSelector:
                 policy.resample()
             # Silent on inf/nan like torch (a diverged network is the learner's to report).
             with np.errstate(over="ignore", invalid="ignore"):
-                q_values = policy.q_values(obs, self._noise)
-            return q_values.argmax(axis=1).astype(np.int64, copy=False)
+                output = policy.q_values(obs, self._noise)
+                actions = greedy_actions(output, self._support)
+            return actions.astype(np.int64, copy=False)
         if self._backend == "graph":
             return self._call_graph(obs, resample)
         return self._call_eager(obs, resample)
@@ -268,6 +270,8 @@ class ActionSelector:
 
         if request in ("auto", "numpy") and device.type == "cpu":
             self._numpy = NumpyForward.build(self.q_network, self._rng)
+            support = support_of(self.q_network)
+            self._support = None if support is None else support.numpy()
             if self._numpy is not None:
                 self._backend = "numpy"
                 return

@@ -15,8 +15,9 @@ modules: for the same parameters and noise, :meth:`NumpyProgram.forward` equals
 rounding. What compiles: ``nn.Linear``, :class:`~agent.noisy.NoisyLinear`,
 ``nn.Conv2d`` (zero padding), the elementwise activations of the op table
 (:mod:`agent.numpy_backend.ops`, as modules, functions or methods),
-``Identity``/``Flatten``, ``+ - * /``, ``mean`` over a dimension other than the batch,
-and a cast to float32 or float64, with float32 or float64 parameters on the CPU.
+``Identity``/``Flatten``, ``unflatten`` of the last dimension, ``+ - * /``, ``mean`` over
+a dimension that cannot be the batch, and a cast to float32 or float64, with float32 or
+float64 parameters on the CPU.
 Anything else (control flow on values, other ops, another device) makes ``build``
 return ``None``, and the caller keeps PyTorch.
 """
@@ -197,6 +198,9 @@ def _compile(
 ) -> NumpyProgram:
     slot: dict[fx.Node, int] = {}
     needs_grad: dict[int, bool] = {0: False}  # slot -> depends on a trainable parameter
+    # slot -> the fewest dimensions its value can have: the input has a batch axis and at
+    # least one more, so a dimension counted from the end is provably not the batch.
+    rank: dict[int, int] = {0: 2}
     nodes: list[_Node] = []
     linears: dict[str, Linear] = {}
     switch: list[bool | None] = [None]
@@ -225,6 +229,7 @@ def _compile(
                 continue
             if kind is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1:
                 nodes.append(_reshape_node(out, args, needs_grad))
+                rank[out] = 2
             elif kind is nn.Conv2d:
                 new, trainable = _conv_node(out, args, sub, needs_grad, sink)
                 nodes.append(new)
@@ -255,7 +260,11 @@ def _compile(
                 raise Unsupported(f"{name} with {node.kwargs}")
             nodes.append(_arithmetic_node(out, name, args, needs_grad))
         elif node.op == "call_method" and node.target == "mean":
-            nodes.append(_mean_node(out, args, dict(node.kwargs), needs_grad))
+            new, rank[out] = _mean_node(out, args, dict(node.kwargs), needs_grad, rank[args[0]])
+            nodes.append(new)
+        elif node.op == "call_method" and node.target == "unflatten":
+            new, rank[out] = _unflatten_node(out, args, dict(node.kwargs), needs_grad, rank)
+            nodes.append(new)
         elif node.op == "call_method" and node.target in ("to", "float", "double"):
             target = _cast_target(node)
             if target == dtype:
@@ -269,6 +278,8 @@ def _compile(
         else:
             raise Unsupported(f"{node.op} {node.target}")
         needs_grad[out] = trainable or any(needs_grad[a] for a in args if type(a) is int)
+        # Elementwise ops and layers keep (broadcast) the dimensions of their inputs.
+        rank.setdefault(out, max([rank[a] for a in args if type(a) is int], default=0))
         slot[node] = out
     if output is None:
         raise Unsupported("no output")
@@ -276,8 +287,11 @@ def _compile(
 
 
 def _constant(arg: Any) -> Const:
-    """A traced call's non-tensor argument, if it is a Python number; else unsupported."""
+    """A traced call's non-tensor argument, if it is a Python number or a tuple of ints;
+    else unsupported."""
     if isinstance(arg, (int, float, bool)):
+        return Const(arg)
+    if isinstance(arg, tuple) and all(type(a) is int for a in arg):
         return Const(arg)
     raise Unsupported(f"argument {arg!r}")
 
@@ -438,13 +452,19 @@ def _arithmetic_node(out: int, name: str, args: list[Any], needs_grad: dict[int,
 
 
 def _mean_node(
-    out: int, args: list[Any], kwargs: dict[str, Any], needs_grad: dict[int, bool]
-) -> _Node:
+    out: int,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    needs_grad: dict[int, bool],
+    rank: int,
+) -> tuple[_Node, int]:
+    """A mean over one dimension, and the fewest dimensions of its output."""
     dim = kwargs.pop("dim", args[1].value if len(args) > 1 else None)
     keepdim = bool(kwargs.pop("keepdim", args[2].value if len(args) > 2 else False))
-    if kwargs or not isinstance(dim, int) or dim == 0 or dim <= -2:
-        # Over the batch (dim 0, or -2 of a matrix) or everything would mix rows, which
-        # backward over the first rows of a forward (the learner's obs) assumes never happens.
+    if kwargs or not isinstance(dim, int) or dim == 0 or dim <= -rank:
+        # Over the batch (dim 0, or a dimension from the end that may be it) or everything
+        # would mix rows, which backward over the first rows of a forward (the learner's
+        # obs) assumes never happens.
         raise Unsupported(f"mean over dim={dim}")
     source = args[:1]
 
@@ -455,13 +475,38 @@ def _mean_node(
             g = np.expand_dims(g, axis)
         return [np.broadcast_to(g / x.shape[axis], x.shape)]
 
-    return _Node(
+    node = _Node(
         out,
         source,
         lambda x: x.mean(axis=dim, keepdims=keepdim),
         backward,
         _grad_flags(source, needs_grad),
     )
+    return node, rank if keepdim else rank - 1
+
+
+def _unflatten_node(
+    out: int,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    needs_grad: dict[int, bool],
+    rank: dict[int, int],
+) -> tuple[_Node, int]:
+    """``x.unflatten(-1, sizes)`` (the last dimension only: rows stay rows), and the
+    fewest dimensions of its output."""
+    dim = kwargs.pop("dim", args[1].value if len(args) > 1 else None)
+    sizes = kwargs.pop("sizes", args[2].value if len(args) > 2 else None)
+    if kwargs or dim != -1 or not isinstance(sizes, tuple) or type(args[0]) is not int:
+        raise Unsupported(f"unflatten({dim}, {sizes})")
+    source = args[:1]
+    node = _Node(
+        out,
+        source,
+        lambda x: x.reshape(*x.shape[:-1], *sizes),
+        lambda g, values, y: [g.reshape(values[0].shape)],
+        _grad_flags(source, needs_grad),
+    )
+    return node, rank[args[0]] + len(sizes) - 1
 
 
 def _fresh_layer_output(module: nn.Module, arg: Any) -> bool:

@@ -40,10 +40,12 @@ from agent.evaluate import Evaluator
 from agent.learner import NonFiniteError
 from agent.monitor import Monitor
 from agent.replay import ReplayBuffer
-from agent.replay_base import Batch
+from agent.replay.base import Batch
+from agent.replay.prioritized import annealed_beta
 from agent.seeds.learner import SeedLearner, diverged
 from agent.seeds.stacked import NoiseDraw, seed_state_dict, stack_networks, stacked_noisy_layers
 from agent.signals import StopSignals
+from agent.values import greedy_actions, support_of
 from agent.train import (
     Checkpoints,
     Run,
@@ -189,16 +191,19 @@ class SeedStack:
                 self._draw([s.act_generator for s in self.seeds], seeds=which)
         self.steps += 1
         with torch.inference_mode():
-            q = self.q_network(torch.from_numpy(obs).to(self.device))  # (S, n, A)
-            return q.argmax(dim=2).cpu().numpy()
+            output = self.q_network(torch.from_numpy(obs).to(self.device))  # (S, n, A[, N])
+            return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
 
     def new_noise(self, index: int) -> None:
         """Seed ``index`` draws fresh acting noise at the next call."""
         self.steps[index] = 0
 
     def update(self, batches: list[Batch]) -> None:
-        """One gradient step per seed, seed ``i`` on ``batches[i]``."""
-        self.learner.update(Batch(*(torch.stack(field) for field in zip(*batches, strict=True))))
+        """One gradient step per seed, seed ``i`` on ``batches[i]``; each seed's replay
+        gets its per-sample errors (for its priorities, if it keeps any)."""
+        errors = self.learner.update(Batch.stack(batches))  # (S, B)
+        for seed, batch, seed_errors in zip(self.seeds, batches, errors, strict=True):
+            seed.run.agent.replay.update_priorities(batch.indices, seed_errors)
 
     @torch.no_grad()
     def write_back(self) -> None:
@@ -330,9 +335,10 @@ def _loop(
 
         # --- learn: one stacked update per train_freq env steps ---
         if step >= counters.learning_starts and len(seeds[0].run.agent.replay) >= cfg.batch_size:
+            beta = annealed_beta(cfg.priority_beta, step / cfg.total_steps)
             while stack.learner.updates < counters.updates_due(cfg.train_freq):
                 stack.update([
-                    s.run.agent.replay.sample(cfg.batch_size, s.run.sample_generator)
+                    s.run.agent.replay.sample(cfg.batch_size, s.run.sample_generator, beta)
                     for s in seeds
                 ])  # fmt: skip
             if crossed(step, n, cfg.target_update_interval):

@@ -8,9 +8,11 @@ from typing import Literal
 import torch
 from torch import nn
 
-from agent.learner import BatchLike, Metrics, TDLoss, sync_parameters, td_target
+from agent.distributional import CategoricalObjective
+from agent.learner import BatchLike, Metrics, TDLoss, ValueObjective, sync_parameters
 from agent.optim import Adam
 from agent.seeds.stacked import NoiseDraw, stacked_noisy_layers, with_own_noise
+from agent.values import greedy_actions, support_of
 
 __all__ = ["SeedLearner", "diverged"]
 
@@ -54,7 +56,12 @@ class SeedLearner:
         self.target_network = target_network
         self.generators = generators
         self.double_dqn = double_dqn
-        self.loss = TDLoss(loss, huber_delta)
+        self.support = support_of(q_network)  # one support, shared by every seed
+        self.objective: ValueObjective | CategoricalObjective = (
+            ValueObjective(TDLoss(loss, huber_delta))
+            if self.support is None
+            else CategoricalObjective(self.support)
+        )
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         self.update_noise = update_noise
@@ -77,24 +84,28 @@ class SeedLearner:
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step per seed on ``batch`` (``(S, B, ...)`` tensors on the networks'
-        device); returns the seeds' losses, ``(S,)``."""
+        device); returns the per-sample errors ``(S, B)`` (:meth:`Learner.update
+        <agent.learner.Learner.update>`'s, per seed)."""
         if self.draws:
             self._noise(self.generators, scale=self.update_noise)
 
         # The online network's next-state values in a forward of their own, without
         # autograd: with the states in one forward (as Learner does) the backward would
         # run its batched matmuls over both halves, twice the arithmetic for a zero half.
-        q = self.online_for_update(batch.obs)  # (S, B, A)
+        out = self.online_for_update(batch.obs)  # (S, B, A) or (S, B, A, N)
         with torch.no_grad():
-            q_next_target = self.target_for_update(batch.next_obs)  # (S, B, A)
+            out_next_target = self.target_for_update(batch.next_obs)
             if self.double_dqn:
                 chooser = self.online_for_update(batch.next_obs)
             else:
-                chooser = q_next_target
-            next_q = q_next_target.gather(2, chooser.argmax(dim=2, keepdim=True)).squeeze(2)
-            target = td_target(batch.rewards, batch.discounts, batch.dones, next_q)  # (S, B)
-        q_taken = q.gather(2, batch.actions.unsqueeze(2)).squeeze(2)  # (S, B)
-        losses = self.loss.torch_by_row(q_taken, target)  # (S,)
+                chooser = out_next_target
+            next_actions = greedy_actions(chooser, self.support)  # (S, B)
+            target = self.objective.target(
+                out_next_target, next_actions, batch.rewards, batch.discounts, batch.dones
+            )
+        losses, errors, q_taken = self.objective.loss_and_errors(
+            out, batch.actions, target, batch.weights, by_row=True
+        )  # (S,), (S, B), (S, B)
 
         self.optimizer.zero_grad()
         losses.sum().backward()  # seed i's parameters get seed i's gradient only
@@ -106,7 +117,7 @@ class SeedLearner:
             self._sums += torch.stack([losses, q_taken.mean(dim=1)], dim=1)
         self._count += 1
         self.updates += 1
-        return losses.detach()
+        return errors
 
     @torch.no_grad()
     def _clip_by_seed(self, max_norm: float) -> None:

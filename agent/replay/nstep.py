@@ -1,5 +1,5 @@
 """n-step returns: the window of the last ``n_step`` steps of every env, shared by both
-replay buffers (:mod:`agent.replay`, :mod:`agent.frame_replay`)."""
+replay buffers (:mod:`agent.replay.flat`, :mod:`agent.replay.frames`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""What both replay buffers share (:mod:`agent.replay`, :mod:`agent.frame_replay`): the
+"""What both replay buffers share (:mod:`agent.replay.flat`, :mod:`agent.replay.frames`): the
 sampled :class:`Batch`, the checks of their arguments and steps, dtype and device
 helpers, and the pinned staging slots of a CUDA learner."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -33,13 +34,17 @@ FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
 class Batch(NamedTuple):
-    """One sampled batch; every field is a tensor on the buffer's ``device``.
+    """One sampled batch; every field is a tensor on the buffer's ``device``, but ``indices``.
 
     obs, next_obs: (B, *obs_shape), stored dtype (uint8 stays uint8; float obs in float_dtype).
     actions: (B,) int64.
     rewards: (B,) discounted k-step return, float_dtype.
     dones: (B,) 1.0 only if the episode terminated within the k steps, float_dtype.
     discounts: (B,) gamma**k for the k steps actually taken, float_dtype.
+    indices: (B,) int64, the slots drawn, where they were drawn (the storage device, or the
+        host for a prioritized buffer): what :meth:`Replay.update_priorities` takes back.
+    weights: (B,) importance-sampling weights in (0, 1], float_dtype, from a prioritized
+        buffer; None from a uniform one (every weight 1: the loss is a plain mean).
     """
 
     obs: torch.Tensor
@@ -48,6 +53,25 @@ class Batch(NamedTuple):
     next_obs: torch.Tensor
     dones: torch.Tensor
     discounts: torch.Tensor
+    indices: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Batch:
+        """Every field on ``device`` (None stays None)."""
+        return Batch(*(None if t is None else t.to(device) for t in self))
+
+    @staticmethod
+    def stack(batches: Sequence[Batch]) -> Batch:
+        """Batches of equal shapes as one, each field stacked along a new first axis."""
+        columns = zip(*batches, strict=True)
+        return Batch(*(None if col[0] is None else torch.stack(col) for col in columns))
+
+    @property
+    def learned(self) -> tuple[torch.Tensor, ...]:
+        """The fields an update reads (``weights`` only where there are any)."""
+        fields = (self.obs, self.actions, self.rewards, self.next_obs, self.dones,
+                  self.discounts)  # fmt: skip
+        return fields if self.weights is None else (*fields, self.weights)
 
 
 class Replay(Protocol):
@@ -61,6 +85,14 @@ class Replay(Protocol):
 
     def __len__(self) -> int: ...
 
+    @property
+    def prioritized(self) -> bool:
+        """True when ``sample`` draws by priority (and returns importance weights)."""
+
+    @property
+    def generator_device(self) -> torch.device:
+        """Where the ``generator`` that ``sample`` takes must live."""
+
     def add(
         self,
         obs: Any,
@@ -73,8 +105,14 @@ class Replay(Protocol):
     ) -> None:
         """One step of every env; finished n-step transitions are stored."""
 
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
-        """``batch_size`` stored transitions, uniformly with replacement, on ``device``."""
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None = None, beta: float = 1.0
+    ) -> Batch:
+        """``batch_size`` stored transitions, with replacement, on ``device``: uniformly,
+        or by priority with importance weights of exponent ``beta``."""
+
+    def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
+        """The learner's per-sample errors for a batch's ``indices`` (a no-op when uniform)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 

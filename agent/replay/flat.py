@@ -14,7 +14,7 @@ The learner's only source of data. One :class:`ReplayBuffer` serves every device
   ``.pin_memory()``.
 
 n-step returns are accumulated at ``add`` time, per env, in a window of the last
-``n_step`` steps (host-side numpy, :mod:`agent.nstep`, shared with frame replay). A
+``n_step`` steps (host-side numpy, :mod:`agent.replay.nstep`, shared with frame replay). A
 window that holds ``n_step`` steps emits its oldest transition; an episode end
 (terminated *or* truncated) flushes every pending window of that env, each with its
 own shorter length ``k``. The ring therefore holds
@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.nstep import NStepWindows
-from agent.replay_base import (
+from agent.replay.nstep import NStepWindows
+from agent.replay.prioritized import PrioritizedSampler, load_priorities, priorities_state
+from agent.replay.base import (
     Batch,
     PinnedSlots,
     check_arguments,
@@ -77,6 +78,9 @@ class ReplayBuffer:
         num_envs: envs of the vector env; every ``add`` carries one step of each.
         float_dtype: dtype of rewards, dones, discounts and float observations
             (float16, float32 or float64).
+        alpha: None for uniform sampling; else sample by priority with this exponent
+            (:mod:`agent.replay.prioritized`; Rainbow's is 0.5).
+        priority_eps: added to every ``|error|`` that sets a priority.
 
     Attributes:
         obs_dtype: the torch dtype observations are stored and returned in: the input
@@ -100,8 +104,13 @@ class ReplayBuffer:
         gamma: float = 0.99,
         num_envs: int = 1,
         float_dtype: torch.dtype = torch.float32,
+        alpha: float | None = None,
+        priority_eps: float = 1e-6,
     ) -> None:
         obs_shape = check_arguments(capacity, obs_shape, n_step, gamma, num_envs, float_dtype)
+        self.priorities = (
+            None if alpha is None else PrioritizedSampler(capacity, alpha, priority_eps)
+        )
 
         self.capacity = capacity
         self.obs_shape = obs_shape
@@ -166,6 +175,16 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def prioritized(self) -> bool:
+        return self.priorities is not None
+
+    @property
+    def generator_device(self) -> torch.device:
+        """Where ``sample``'s generator lives: the host for priorities (the sum tree is
+        numpy), else the storage device (indices are drawn where the ring is)."""
+        return torch.device("cpu") if self.prioritized else self.storage_device
 
     @property
     def pinned(self) -> bool:
@@ -292,6 +311,9 @@ class ReplayBuffer:
         return blocks
 
     def _advance(self, m: int) -> None:
+        if self.priorities is not None:
+            kept = min(m, self.capacity)
+            self.priorities.store((self._pos + (m - kept) + np.arange(kept)) % self.capacity)
         self._pos = (self._pos + m) % self.capacity
         self._size = min(self._size + m, self.capacity)
 
@@ -315,11 +337,15 @@ class ReplayBuffer:
         self._advance(m)
 
     # ------------------------------------------------------------------ sample
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
-        """``batch_size`` transitions drawn uniformly with replacement, on ``device``.
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None = None, beta: float = 1.0
+    ) -> Batch:
+        """``batch_size`` transitions drawn with replacement, on ``device``.
 
-        Indices come from ``torch.randint`` on the storage device, so ``generator``
-        (if given) must live there; the same generator state gives the same batch.
+        Uniformly: indices from ``torch.randint`` on the storage device, so
+        ``generator`` (if given) must live there. By priority (``alpha``): from the sum
+        tree, with a CPU ``generator``, and importance weights of exponent ``beta``. The
+        same generator state gives the same batch.
         """
         size = self._size
         if not isinstance(batch_size, int) or batch_size > size or batch_size <= 0:
@@ -327,23 +353,35 @@ class ReplayBuffer:
                 f"sample(batch_size={batch_size}) needs 1 <= batch_size <= stored "
                 f"transitions, but the buffer holds {size}"
             )
+        if self.priorities is not None:
+            slots, weights = self.priorities.sample(batch_size, generator, beta)
+            idx = torch.from_numpy(slots)
+            w = torch.from_numpy(weights.astype(numpy_dtype(self.float_dtype, "weights")))
+            return self._gather(idx.to(self.storage_device), w)._replace(indices=idx)
         idx = torch.randint(
             0, size, (batch_size,), generator=generator, device=self.storage_device
         )  # (B,) int64
         return self._gather(idx)
 
+    def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
+        """Priorities ``|errors| + eps`` for the slots ``indices`` of a sampled batch
+        (a no-op for uniform sampling)."""
+        if self.priorities is not None:
+            self.priorities.update(indices, errors)
+
     def gather(self, indices: torch.Tensor) -> Batch:
         """The batch at ring ``indices`` (int64, values in [0, len(self))), on ``device``.
 
         ``sample`` is ``gather(torch.randint(...))``; this entry point lets a caller
-        (a test, or a prioritised sampler) choose the indices itself.
+        (a test) choose the indices itself.
         """
         return self._gather(indices.to(self.storage_device))
 
-    def _gather(self, idx: torch.Tensor) -> Batch:
-        """Gather at ``idx`` (on the storage device) and deliver to ``device``."""
+    def _gather(self, idx: torch.Tensor, weights: torch.Tensor | None = None) -> Batch:
+        """Gather at ``idx`` (on the storage device) and deliver to ``device``, with the
+        importance ``weights`` (host) of a prioritized draw."""
         if self._pinned:
-            return self._gather_pinned(idx)
+            return self._gather_pinned(idx, weights)
         f = self._fields
         batch = Batch(
             f[0].index_select(0, idx),
@@ -352,26 +390,32 @@ class ReplayBuffer:
             f[3].index_select(0, idx),
             f[4].index_select(0, idx),
             f[5].index_select(0, idx),
+            idx,
+            None if weights is None else weights.to(self.storage_device),
         )
         if self._moves:  # only unusual pairings reach this (e.g. GPU ring, CPU learner)
-            batch = Batch(*(t.to(self.device) for t in batch))
+            batch = Batch(*(t.to(self.device) for t in batch[:6]), idx,
+                          None if weights is None else weights.to(self.device))  # fmt: skip
         return batch
 
-    def _gather_pinned(self, idx: torch.Tensor) -> Batch:
+    def _gather_pinned(self, idx: torch.Tensor, weights: torch.Tensor | None) -> Batch:
         """CPU ring -> pinned staging slot -> GPU, the copy on a side stream."""
         batch_size = idx.shape[0]
         slots = self._sample_slots
-        if slots is None or slots.tensors[0][0].shape[0] != batch_size:
+        specs = [((batch_size, *t.shape[1:]), t.dtype) for t in self._fields]
+        if weights is not None:
+            specs.append(((batch_size,), self.float_dtype))
+        if slots is None or [(tuple(t.shape), t.dtype) for t in slots.tensors[0]] != specs:
             if slots is not None:
                 slots.wait_all()  # never drop a slot a copy may still read
             # Pinned once per batch size (the learner uses one size), never per batch.
-            self._sample_slots = slots = PinnedSlots(
-                [((batch_size, *t.shape[1:]), t.dtype) for t in self._fields]
-            )
+            self._sample_slots = slots = PinnedSlots(specs)
         slot = slots.acquire()  # waits only if this slot's previous copy is in flight
         staged = slots.tensors[slot]
-        for src, dst in zip(self._fields, staged, strict=True):
+        for src, dst in zip(self._fields, staged, strict=False):
             torch.index_select(src, 0, idx, out=dst)  # host gather into pinned memory
+        if weights is not None:
+            staged[6].copy_(weights)
 
         compute = torch.cuda.current_stream(self.device)
         copy_stream = self._copy_stream
@@ -386,7 +430,7 @@ class ReplayBuffer:
             # Memory allocated on the side stream but used on the compute stream: keep
             # the allocator from reusing it before the compute stream is done with it.
             t.record_stream(compute)
-        return Batch(*out)
+        return Batch(*out[:6], idx, out[6] if weights is not None else None)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -410,6 +454,7 @@ class ReplayBuffer:
             "size": size,
             **ring,
             **self._windows.state_dict(),
+            **priorities_state(self.priorities),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -429,6 +474,7 @@ class ReplayBuffer:
             if src.shape[0] < size:
                 raise ValueError(f"replay state_dict: {name} has {src.shape[0]} rows < {size}")
         self._windows.check_state(state)
+        load_priorities(self.priorities, state)
         if self._write_slots is not None:
             self._write_slots.wait_all()
         for name, t in zip(names, self._fields, strict=True):

@@ -6,7 +6,7 @@ and ``next_obs`` whole: ``2 * 4 * 84 * 84`` bytes (~56 KB) per transition, 56 GB
 the paper's 1M transitions. :class:`FrameReplayBuffer` stores each frame once
 (~7 KB per transition, ~7.1 GB for 1M) and rebuilds both stacks from frame indices
 when a batch is sampled. Same interface as :class:`ReplayBuffer`: ``add`` / ``sample``
-/ ``__len__`` / ``state_dict`` / ``load_state_dict``, :class:`~agent.replay.Batch`,
+/ ``__len__`` / ``state_dict`` / ``load_state_dict``, :class:`~agent.replay.base.Batch`,
 n-step returns, ``num_envs``, and pinned staging slots for a CUDA learner.
 
 Layout. Each sub-environment ``e`` owns a ring of ``S = ceil(capacity / num_envs)``
@@ -40,7 +40,7 @@ draws slots uniformly and redraws the few that hold no transition, which keeps t
 draw uniform over stored transitions. ``capacity`` therefore counts frame slots:
 ``len(buffer)`` stays slightly below it (by one slot per episode in the ring).
 
-n-step returns come from the windows both buffers share (:mod:`agent.nstep`), over
+n-step returns come from the windows both buffers share (:mod:`agent.replay.nstep`), over
 the stacks' frame indices: emitted when full, flushed at an episode end (terminated or
 truncated) with shorter lengths; ``dones`` is 1 only for termination.
 """
@@ -53,8 +53,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.nstep import NStepWindows
-from agent.replay_base import (
+from agent.replay.nstep import NStepWindows
+from agent.replay.prioritized import PrioritizedSampler, load_priorities, priorities_state
+from agent.replay.base import (
     Batch,
     is_cuda,
     normalize_device,
@@ -84,7 +85,8 @@ class FrameReplayBuffer:
         obs_dtype: the integer dtype of the observations (uint8 for Atari).
         device: where sampled batches are returned (the learner's device).
         storage_device: ``"cpu"`` only (a CUDA ``device`` gets pinned staging).
-        n_step, gamma, num_envs, float_dtype: as for :class:`~agent.replay.ReplayBuffer`.
+        n_step, gamma, num_envs, float_dtype, alpha, priority_eps: as for
+            :class:`~agent.replay.flat.ReplayBuffer` (priorities are kept per slot).
     """
 
     def __init__(
@@ -99,6 +101,8 @@ class FrameReplayBuffer:
         gamma: float = 0.99,
         num_envs: int = 1,
         float_dtype: torch.dtype = torch.float32,
+        alpha: float | None = None,
+        priority_eps: float = 1e-6,
     ) -> None:
         obs_shape = check_arguments(capacity, obs_shape, n_step, gamma, num_envs, float_dtype)
         if len(obs_shape) != 3:
@@ -168,6 +172,8 @@ class FrameReplayBuffer:
         self._discounts_np = self._discounts.numpy()
         self._valid = self._valid_t.numpy()
         self._size = 0  # valid transitions
+        self.priorities = None if alpha is None else PrioritizedSampler(total, alpha, priority_eps)
+        self._dropped: list[int] = []  # slots whose transitions this add() overwrote
 
         # Per-env frame streams.
         self._count = np.zeros(num_envs, dtype=np.int64)  # frames written
@@ -189,6 +195,15 @@ class FrameReplayBuffer:
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def prioritized(self) -> bool:
+        return self.priorities is not None
+
+    @property
+    def generator_device(self) -> torch.device:
+        """Where ``sample``'s generator lives: the host (so are the frames)."""
+        return torch.device("cpu")
 
     @property
     def pinned(self) -> bool:
@@ -221,7 +236,7 @@ class FrameReplayBuffer:
     ) -> None:
         """Store one step of every env (arrays with a leading ``num_envs`` dimension).
 
-        As :meth:`ReplayBuffer.add <agent.replay.ReplayBuffer.add>`: ``next_obs`` is the
+        As :meth:`ReplayBuffer.add <agent.replay.flat.ReplayBuffer.add>`: ``next_obs`` is the
         true next observation, ``terminated`` stops bootstrapping, ``truncated`` ends the
         n-step windows but bootstraps, ``explored`` ends them before a random action. A
         ``terminated`` step whose env is not reset (a lost life) is fine: the next
@@ -248,6 +263,10 @@ class FrameReplayBuffer:
                 self._cur_stack[e] = self._stack(e, self._write(e, next_obs[e, -1]))
             else:
                 self._cur_stack[e] = self._new_segment(e, next_obs[e])
+        if self._dropped:
+            if self.priorities is not None:
+                self.priorities.drop(np.array(self._dropped))
+            self._dropped.clear()
         # The frames of pending windows outlive this step's writes (min_slots), so the
         # windows can finish transitions after them.
         self._windows.push(obs_stacks, actions, rewards, self._cur_stack.copy(), terminated,
@@ -262,6 +281,7 @@ class FrameReplayBuffer:
             if self._valid[base + slot]:
                 self._valid[base + slot] = False
                 self._size -= 1
+                self._dropped.append(base + slot)
         self._frames_np[base + w % s] = frame
         self._count[e] = w + 1
         return w
@@ -296,6 +316,8 @@ class FrameReplayBuffer:
         m = len(actions)
         dones = np.broadcast_to(dones, (m,))
         discounts = np.broadcast_to(discounts, (m,))
+        if self.priorities is not None:
+            self.priorities.store(obs_stacks[:, -1])
         for row in range(m):
             i = int(obs_stacks[row, -1])
             if not self._valid[i]:
@@ -309,11 +331,15 @@ class FrameReplayBuffer:
             self._discounts_np[i] = discounts[row]
 
     # ------------------------------------------------------------------ sample
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
-        """``batch_size`` transitions drawn uniformly with replacement, on ``device``.
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None = None, beta: float = 1.0
+    ) -> Batch:
+        """``batch_size`` transitions drawn with replacement, on ``device``.
 
-        Draws slots with ``torch.randint`` (CPU ``generator``) and redraws those that
-        hold no transition; the same generator state gives the same batch.
+        Uniformly: draws slots with ``torch.randint`` (CPU ``generator``) and redraws
+        those that hold no transition. By priority (``alpha``): from the sum tree, where
+        empty slots have none, with importance weights of exponent ``beta``. The same
+        generator state gives the same batch.
         """
         size = self._size
         if not isinstance(batch_size, int) or batch_size > size or batch_size <= 0:
@@ -321,6 +347,10 @@ class FrameReplayBuffer:
                 f"sample(batch_size={batch_size}) needs 1 <= batch_size <= stored "
                 f"transitions, but the buffer holds {size}"
             )
+        if self.priorities is not None:
+            slots, weights = self.priorities.sample(batch_size, generator, beta)
+            w = torch.from_numpy(weights.astype(numpy_dtype(self.float_dtype, "weights")))
+            return self._gather(torch.from_numpy(slots), w)
         s = self.slots_per_env
         used = int(min(s, self._count.max()))  # slots written in the fullest env
         span = self.num_envs * used
@@ -341,6 +371,12 @@ class FrameReplayBuffer:
             idx = stored[torch.randint(0, len(stored), (batch_size,), generator=generator)]
         return self._gather(idx)
 
+    def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
+        """Priorities ``|errors| + eps`` for the slots ``indices`` of a sampled batch
+        (a no-op for uniform sampling)."""
+        if self.priorities is not None:
+            self.priorities.update(indices, errors)
+
     def stored_slots(self) -> torch.Tensor:
         """Flat slot ids of every stored transition (int64, ascending), for :meth:`gather`."""
         return self._valid_t.nonzero().squeeze(1)
@@ -352,13 +388,13 @@ class FrameReplayBuffer:
             raise ValueError("gather: some slots hold no transition")
         return self._gather(slots)
 
-    def _gather(self, idx: torch.Tensor) -> Batch:
+    def _gather(self, idx: torch.Tensor, weights: torch.Tensor | None = None) -> Batch:
         b = idx.shape[0]
         c, h, w = self.obs_shape
         obs_frames = self._obs_idx.index_select(0, idx).view(-1)  # (B*C,)
         next_frames = self._next_idx.index_select(0, idx).view(-1)
         if self._pinned:
-            return self._gather_pinned(idx, obs_frames, next_frames)
+            return self._gather_pinned(idx, obs_frames, next_frames, weights)
         batch = Batch(
             self._frames.index_select(0, obs_frames).view(b, c, h, w),
             self._actions.index_select(0, idx),
@@ -366,31 +402,39 @@ class FrameReplayBuffer:
             self._frames.index_select(0, next_frames).view(b, c, h, w),
             self._dones.index_select(0, idx),
             self._discounts.index_select(0, idx),
+            idx,
+            weights,
         )
         if self._moves:
-            batch = Batch(*(t.to(self.device) for t in batch))
+            batch = Batch(*(t.to(self.device) for t in batch[:6]), idx,
+                          None if weights is None else weights.to(self.device))  # fmt: skip
         return batch
 
     def _gather_pinned(
-        self, idx: torch.Tensor, obs_frames: torch.Tensor, next_frames: torch.Tensor
+        self,
+        idx: torch.Tensor,
+        obs_frames: torch.Tensor,
+        next_frames: torch.Tensor,
+        weights: torch.Tensor | None,
     ) -> Batch:
         """Host gather into a pinned staging slot, then a non-blocking copy on a side stream."""
         b = idx.shape[0]
         c, h, w = self.obs_shape
         slots = self._sample_slots
-        if slots is None or slots.tensors[0][0].shape[0] != b:
+        specs = [
+            ((b, c, h, w), self.obs_dtype),
+            ((b,), torch.int64),
+            ((b,), self.float_dtype),
+            ((b, c, h, w), self.obs_dtype),
+            ((b,), self.float_dtype),
+            ((b,), self.float_dtype),
+        ]
+        if weights is not None:
+            specs.append(((b,), self.float_dtype))
+        if slots is None or [(tuple(t.shape), t.dtype) for t in slots.tensors[0]] != specs:
             if slots is not None:
                 slots.wait_all()  # never drop a slot a copy may still read
-            self._sample_slots = slots = PinnedSlots(
-                [
-                    ((b, c, h, w), self.obs_dtype),
-                    ((b,), torch.int64),
-                    ((b,), self.float_dtype),
-                    ((b, c, h, w), self.obs_dtype),
-                    ((b,), self.float_dtype),
-                    ((b,), self.float_dtype),
-                ]
-            )
+            self._sample_slots = slots = PinnedSlots(specs)
         slot = slots.acquire()
         st = slots.tensors[slot]
         torch.index_select(self._frames, 0, obs_frames, out=st[0].view(b * c, h, w))
@@ -399,6 +443,8 @@ class FrameReplayBuffer:
         torch.index_select(self._frames, 0, next_frames, out=st[3].view(b * c, h, w))
         torch.index_select(self._dones, 0, idx, out=st[4])
         torch.index_select(self._discounts, 0, idx, out=st[5])
+        if weights is not None:
+            st[6].copy_(weights)
         compute = torch.cuda.current_stream(self.device)
         copy_stream = self._copy_stream
         assert copy_stream is not None
@@ -408,7 +454,7 @@ class FrameReplayBuffer:
         compute.wait_stream(copy_stream)
         for t in out:
             t.record_stream(compute)
-        return Batch(*out)
+        return Batch(*out[:6], idx, out[6] if weights is not None else None)
 
     # ------------------------------------------------------------------ state
     _HOST_ARRAYS = ("_count", "_seg_start", "_cur_stack", "_last_obs", "_has_last")
@@ -424,6 +470,7 @@ class FrameReplayBuffer:
         for name in self._HOST_ARRAYS:
             state[name.lstrip("_")] = torch.from_numpy(getattr(self, name).copy())
         state.update(self._windows.state_dict())
+        state.update(priorities_state(self.priorities))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -456,6 +503,7 @@ class FrameReplayBuffer:
         valid = state["valid"]
         if int(valid.sum()) != int(state["size"]):
             raise ValueError("replay state_dict: size does not match the stored transitions")
+        load_priorities(self.priorities, state)
         for name, t in self._tensors.items():
             t.copy_(state[name])
         for name in self._HOST_ARRAYS:
