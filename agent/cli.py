@@ -50,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", metavar="ENV_ID", help="gymnasium id, e.g. CartPole-v1 or module:Env-v0"
     )
     train = p.add_argument_group("training")
-    train.add_argument("--config", metavar="FILE", help="YAML file of config overrides")
+    train.add_argument(
+        "--config", metavar="FILE|PRESET",
+        help="YAML file of config overrides, or a shipped preset: rainbow",
+    )
     train.add_argument(
         "--seed",
         type=int,

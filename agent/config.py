@@ -25,7 +25,16 @@ import yaml
 
 from agent.errors import UserError
 
-__all__ = ["CONFIG_DIR", "Config", "config_reference", "field_docs", "load_config", "parse_set"]
+__all__ = [
+    "CONFIG_DIR",
+    "Config",
+    "config_reference",
+    "config_source",
+    "field_docs",
+    "load_config",
+    "parse_set",
+    "presets",
+]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -501,20 +510,43 @@ def env_config_file(env_id: str, config_dir: Path = CONFIG_DIR) -> Path | None:
     return family if family is not None and family.is_file() else None
 
 
+def presets(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The names of the presets shipped with the package (``--config NAME``)."""
+    return sorted(p.stem for p in (config_dir / "presets").glob("*.yaml"))
+
+
+def config_source(config_file: str | Path, config_dir: Path = CONFIG_DIR) -> tuple[Path, str]:
+    """(the file, how to name it) of ``--config``: a shipped preset by name (a word
+    without ``/`` or ``.``, e.g. ``rainbow``), else a path."""
+    text = str(config_file)
+    if text.replace("-", "").replace("_", "").isalnum():
+        preset = config_dir / "presets" / f"{text}.yaml"
+        if preset.is_file():
+            return preset, f"the {text} preset"
+        names = ", ".join(presets(config_dir)) or "none"
+        raise UserError(
+            f"--config {text}: no preset of that name (shipped presets: {names}); "
+            "give a preset's name or a YAML file's path"
+        )
+    return Path(config_file), text
+
+
 def load_config(
     env_id: str,
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     config_dir: Path = CONFIG_DIR,
 ) -> Config:
-    """Resolve defaults < env file < ``config_file`` < ``overrides`` into a validated Config."""
+    """Resolve defaults < env file < ``config_file`` (a path, or a preset's name) <
+    ``overrides`` into a validated Config."""
     values: dict[str, Any] = {}
     _apply(_read_yaml(config_dir / "default.yaml"), "agent/configs/default.yaml", values)
     env_file = env_config_file(env_id, config_dir)
     if env_file is not None:
         _apply(_read_yaml(env_file), f"agent/configs/{env_file.name}", values)
     if config_file is not None:
-        _apply(_read_yaml(Path(config_file)), str(config_file), values)
+        path, source = config_source(config_file, config_dir)
+        _apply(_read_yaml(path), source, values)
     _apply(overrides or {}, "--set", values)
     values["env_id"] = env_id
     return Config(**values).validate()

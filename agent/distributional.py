@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agent.values import softmax
+from agent.values import q_values, softmax
 
 __all__ = ["CategoricalObjective", "make_support", "project"]
 
@@ -52,16 +52,17 @@ def project(probs: Array, rewards: Array, bootstrap: Array, support: Array) -> A
     row of ``probs``. Tensors or numpy arrays, all of one kind.
     """
     n = support.shape[0]
-    v_min, v_max = float(support[0]), float(support[-1])
-    dz = (v_max - v_min) / (n - 1)
     if isinstance(probs, np.ndarray):
+        v_min, v_max = float(support[0]), float(support[-1])
         shifted = np.clip(rewards[..., None] + bootstrap[..., None] * support, v_min, v_max)
-        b = (shifted - v_min) / dz  # (..., N): where each source atom lands
+        b = (shifted - v_min) / ((v_max - v_min) / (n - 1))  # (..., N): where atoms land
         atoms = np.arange(n, dtype=b.dtype)[:, None]  # (N target, 1)
         kernel = np.maximum(1.0 - np.abs(b[..., None, :] - atoms), 0.0)  # (..., N, N)
         return (kernel * probs[..., None, :]).sum(axis=-1)
-    shifted = (rewards.unsqueeze(-1) + bootstrap.unsqueeze(-1) * support).clamp(v_min, v_max)
-    b = (shifted - v_min) / dz
+    # The bounds stay tensors: no host read (a CUDA graph, the meta device).
+    v_min, v_max = support[0], support[-1]
+    shifted = torch.clamp(rewards.unsqueeze(-1) + bootstrap.unsqueeze(-1) * support, v_min, v_max)
+    b = (shifted - v_min) / ((v_max - v_min) / (n - 1))
     atoms = torch.arange(n, device=b.device, dtype=b.dtype).unsqueeze(1)
     kernel = (1.0 - (b.unsqueeze(-2) - atoms).abs()).clamp(min=0.0)
     return (kernel * probs.unsqueeze(-2)).sum(dim=-1)
@@ -108,7 +109,7 @@ class CategoricalObjective:
         per_sample = -(target * F.log_softmax(logits, dim=-1)).sum(dim=-1)  # (..., B)
         weighted = per_sample if weights is None else weights * per_sample
         loss = weighted.mean(dim=-1) if by_row else weighted.mean()
-        q_taken = logits.detach().softmax(dim=-1) @ self.support
+        q_taken = q_values(logits.detach(), self.support)
         return loss, per_sample.detach(), q_taken
 
     # --- numpy, gradient by hand ---

@@ -43,6 +43,11 @@ class Adam:
         eps: added to the denominator (``sqrt(v_hat) + eps``), as in ``torch.optim.Adam``.
         fused: use PyTorch's fused Adam kernel; ``None`` (default) does where it exists
             (CPU, CUDA, meta).
+        rows: hand the kernel each parameter as this many blocks along its first axis
+            (the seed axis of stacked networks, :mod:`agent.seeds`): a block then
+            steps the same to the bit whatever the number of blocks, where a whole
+            parameter's last elements would go through the kernel's scalar remainder
+            loop, which rounds otherwise than its vector loop.
 
     Call :meth:`zero_grad` before ``backward``: it also re-attaches the flat
     gradient views, should anything have replaced a ``.grad``.
@@ -56,8 +61,10 @@ class Adam:
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         fused: bool | None = None,
+        rows: int = 1,
     ) -> None:
         self.params = list(params)
+        self.rows = rows
         if not self.params:
             raise ValueError("Adam needs at least one parameter")
         first = self.params[0]
@@ -81,6 +88,7 @@ class Adam:
         # leaves incrementing them to the caller: one flat tensor, one add per step.
         self._steps = torch.zeros(len(self.params), device=first.device, dtype=torch.float32)
         self._step_list = list(self._steps.unbind())
+        self._kernel_lists = self._blocks(range(len(self.params)))
         self._counts = [0] * len(self.params)  # the same step counts, on the host
         self.step_count = 0
         # Which parameters autograd wrote a gradient to since zero_grad (a Python list,
@@ -152,8 +160,7 @@ class Adam:
             self._steps.add_(1.0)
             for i in every:
                 self._counts[i] += 1
-            self._fused(self.params, self._grads, self._exp_avgs, self._exp_avg_sqs,
-                        self._step_list)
+            self._fused(*self._kernel_lists)
             return
         stepped = [i for i, has in enumerate(self._has_grad) if has]
         if not stepped:
@@ -164,8 +171,23 @@ class Adam:
         for i in stepped:
             self._step_list[i].add_(1.0)
             self._counts[i] += 1
-        self._fused(*([lst[i] for i in stepped] for lst in (
-            self.params, self._grads, self._exp_avgs, self._exp_avg_sqs, self._step_list)))
+        self._fused(*self._blocks(stepped))
+
+    def _blocks(
+        self, which: Iterable[int]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor],
+               list[torch.Tensor]]:  # fmt: skip
+        """The kernel's five lists for the parameters ``which``, each cut into ``rows``
+        blocks (the same step count for every block of a parameter)."""
+        lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
+        tensors = (self.params, self._grads, self._exp_avgs, self._exp_avg_sqs)
+        for i in which:
+            blocks = self.rows if self.rows > 1 else 1
+            for r in range(blocks):
+                for out, source in zip(lists, tensors, strict=False):
+                    out.append(source[i][r] if self.rows > 1 else source[i])
+                lists[4].append(self._step_list[i])
+        return lists  # type: ignore[return-value]
 
     def _fused(self, params, grads, exp_avgs, exp_avg_sqs, steps) -> None:  # type: ignore[no-untyped-def]
         torch._fused_adam_(

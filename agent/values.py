@@ -45,7 +45,9 @@ def q_values(output: Array, support: Any = None) -> Array:
         return output
     if isinstance(output, np.ndarray):
         return softmax(output) @ support
-    return output.softmax(dim=-1) @ support
+    # A product and a sum, not a matmul: a matrix-vector product's rounding depends on how
+    # many rows it has, and a stacked network's seeds must not depend on each other.
+    return (output.softmax(dim=-1) * support).sum(dim=-1)
 
 
 def greedy_actions(output: Array, support: Any = None) -> Array:

@@ -34,6 +34,7 @@ from agent.export import (
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, noise_disabled
 from agent.train import build_q_network
+from agent.values import q_values, support_of
 from conftest import train_checkpoint
 from envs import make_env
 
@@ -43,6 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NETWORKS = {
     "mlp": ("CartPole-v1", {"noisy_layers": "all"}, 1_000),
     "dueling": ("CartPole-v1", {"noisy_layers": "all", "dueling": True}, 1_000),
+    "c51": ("CartPole-v1", {"noisy_layers": "all", "dueling": True, "distributional": True,
+                            "num_atoms": 11, "prioritized_replay": True}, 1_000),
     "cnn": ("NoisyDQN/Frames-v0", {"hidden_sizes": [64]}, 300),
 }
 
@@ -156,7 +159,7 @@ def test_export_acts_like_the_checkpoint(
     env.close()
     assert obs.dtype == (np.uint8 if name == "cnn" else np.float32)
     with torch.no_grad(), noise_disabled(q):
-        q_ref = q(torch.from_numpy(obs)).numpy()
+        q_ref = q_values(q(torch.from_numpy(obs)), support_of(q)).numpy()
 
     if fmt == "onnx":
         import onnxruntime as ort

@@ -301,8 +301,27 @@ def _assert_same_learners(a: Learner, b: Learner) -> None:
 @pytest.mark.parametrize("noisy", ["all", "last", "none"])
 def test_numpy_updates_equal_autograd_updates(noisy: str, dueling: bool, kw: dict) -> None:
     """Float64, 12 updates and target syncs: same parameters, moments, noise, metrics."""
+    _numpy_equals_autograd(noisy, dueling, kw)
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["uniform", "importance-weights"])
+@pytest.mark.parametrize("kw", [{}, {"double_dqn": False, "max_grad_norm": 0.5}], ids=str)
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("num_atoms", [1, 7], ids=["values", "c51"])
+def test_numpy_updates_equal_autograd_updates_for_every_head_and_weights(
+    num_atoms: int, dueling: bool, kw: dict, weighted: bool
+) -> None:
+    """The C51 head's numpy gradient (and the importance weights of prioritized replay)
+    against autograd, to 1e-10 in float64."""
+    _numpy_equals_autograd("all", dueling, kw, num_atoms=num_atoms, weighted=weighted)
+
+
+def _numpy_equals_autograd(
+    noisy: str, dueling: bool, kw: dict, num_atoms: int = 1, weighted: bool = False
+) -> None:
     torch.manual_seed(0)
-    net = QNetwork((4,), 3, (16, 8), noisy_layers=noisy, dueling=dueling, dtype=torch.float64)
+    net = QNetwork((4,), 3, (16, 8), noisy_layers=noisy, dueling=dueling, dtype=torch.float64,
+                   num_atoms=num_atoms, v_min=-3.0, v_max=3.0)  # fmt: skip
     a, b = _twin_learners(net, lr=1e-2, **kw)
     assert (a.backend, b.backend) == ("torch", "numpy")
     with torch.no_grad():  # make the online and target nets disagree (double DQN matters)
@@ -311,7 +330,8 @@ def test_numpy_updates_equal_autograd_updates(noisy: str, dueling: bool, kw: dic
                 p.mul_(-1.0)
     for i in range(12):
         batch = _batch(b=32, dtype=torch.float64, seed=i)
-        batch = Batch(batch.obs, batch.actions % 3, *batch[2:])
+        weights = torch.rand(32, dtype=torch.float64) + 0.1 if weighted else None
+        batch = batch._replace(actions=batch.actions % 3, weights=weights)
         errors = []
         for learner in (a, b):
             torch.manual_seed(100 + i)  # both draw their update noise from here

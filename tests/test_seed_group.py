@@ -93,6 +93,15 @@ def test_a_seed_does_not_depend_on_the_seeds_beside_it(tmp_path: Path) -> None:
     _same_run(tmp_path / "alone" / "seed_1", tmp_path / "with3" / "seed_1")
 
 
+def test_a_group_with_c51_and_prioritized_replay_is_each_seed_alone(tmp_path: Path) -> None:
+    """Each seed's priorities come back from the stacked update to its own replay."""
+    rainbow = {"distributional": True, "num_atoms": 7, "prioritized_replay": True,
+               "dueling": True, "total_steps": 1_000}  # fmt: skip
+    _group(tmp_path / "alone", [2], **rainbow)
+    _group(tmp_path / "together", [1, 2], **rainbow)
+    _same_run(tmp_path / "alone" / "seed_2", tmp_path / "together" / "seed_2")
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_group_trains_on_every_device_and_dtype(tmp_path: Path, device: str, dtype: str) -> None:

@@ -165,7 +165,19 @@ def _same_noise_as(seed_learner: SeedLearner, learner: Learner, i: int) -> None:
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
 @pytest.mark.parametrize("noisy", ["all", "none"])
 def test_a_stacked_update_is_every_seeds_own_update(kw: dict, backend: str, noisy: str) -> None:
-    nets = _nets(noisy_layers=noisy, dueling=True)
+    _stacked_equals_singles(kw, backend, noisy)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["uniform", "importance-weights"])
+def test_a_stacked_c51_update_is_every_seeds_own_update(backend: str, weighted: bool) -> None:
+    _stacked_equals_singles({}, backend, "all", num_atoms=7, weighted=weighted)
+
+
+def _stacked_equals_singles(
+    kw: dict, backend: str, noisy: str, num_atoms: int = 1, weighted: bool = False
+) -> None:
+    nets = _nets(noisy_layers=noisy, dueling=True, num_atoms=num_atoms)
     stacked = stack_networks(nets)
     seeds = SeedLearner(stacked, copy.deepcopy(stacked), _generators(), lr=1e-2, **kw)
     singles = [Learner(net, copy.deepcopy(net), lr=1e-2, backend=backend, **kw) for net in nets]
@@ -173,9 +185,13 @@ def test_a_stacked_update_is_every_seeds_own_update(kw: dict, backend: str, nois
         _same_noise_as(seeds, single, i)
     for step in range(4):
         batches = _batches(S, 16, seed=step)
-        losses = seeds.update(_stack(batches))
+        if weighted:
+            g = torch.Generator().manual_seed(step)
+            batches = [b._replace(weights=torch.rand(16, generator=g, dtype=torch.float64))
+                       for b in batches]  # fmt: skip
+        errors = seeds.update(_stack(batches))
         for i, single in enumerate(singles):
-            torch.testing.assert_close(losses[i], single.update(batches[i]), rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(errors[i], single.update(batches[i]), rtol=1e-10, atol=1e-12)
         if step == 1:
             seeds.sync_target()
             for single in singles:

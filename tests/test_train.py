@@ -108,10 +108,13 @@ def test_short_training_writes_events_checkpoints_and_result(tmp_path: Path) -> 
     assert load_config("CartPole-v1", run_dir / "config.yaml").lr == cfg.lr
 
 
+RAINBOW = {"distributional": True, "num_atoms": 11, "prioritized_replay": True, "dueling": True}
+
+
 @pytest.mark.parametrize(
     "exploration",
-    [{}, {"noise_interval": "episode", "random_starts": 1_000}],
-    ids=["per-step-noise", "episode-noise-random-starts"],
+    [{}, {"noise_interval": "episode", "random_starts": 1_000}, RAINBOW],
+    ids=["per-step-noise", "episode-noise-random-starts", "c51-prioritized-replay"],
 )
 def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: dict) -> None:
     """train 2N == train N, resume, train N: same parameters, same logged returns."""
@@ -426,6 +429,13 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--env", "CartPole-v1", "--set", "batch_size=big"], "must be int"),
         (["--env", "CartPole-v1", "--set", "lr"], "key=value"),
         (["--env", "CartPole-v1", "--config", "/nonexistent.yaml"], "cannot read config"),
+        (["--env", "CartPole-v1", "--config", "rainbo"], "shipped presets: rainbow"),
+        (["--env", "CartPole-v1", "--set", "distributional=true", "--set", "num_atoms=1"],
+         "--set num_atoms=51"),
+        (["--env", "CartPole-v1", "--config", "rainbow", "--set", "v_min=5", "--set", "v_max=5"],
+         "support is empty"),
+        (["--env", "CartPole-v1", "--set", "priority_alpha=0"], "priority_alpha must be in"),
+        (["--env", "CartPole-v1", "--set", "priority_beta=1.5"], "priority_beta must be in"),
         (["--env", "CartPole-v1", "--eval", "/nonexistent.pt"], "no checkpoint at"),
         (["--env", "CartPole-v1", "--total-steps", "ten"], "invalid int value"),
         (["--resume", "/nonexistent-run"], "no checkpoint at"),
@@ -896,3 +906,19 @@ def test_noise_on_repeat_breaks_loops_and_resumes_exactly(tmp_path: Path) -> Non
     a, b = _weights(tmp_path / "True"), _weights(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _returns(tmp_path / "b") == runs[True]
+
+
+def test_the_rainbow_preset_trains_every_component_and_each_is_one_key(tmp_path: Path) -> None:
+    cfg = load_config("CartPole-v1", "rainbow", overrides={**SHORT, "total_steps": 1_200})
+    assert (cfg.distributional, cfg.prioritized_replay, cfg.dueling, cfg.double_dqn) == (
+        True, True, True, True)  # fmt: skip
+    assert cfg.exploration == "noisy" and cfg.n_step == 3 and cfg.noisy_epsilon == 0
+    assert cfg.lr == load_config("CartPole-v1").lr  # the env's own YAML underneath
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.status == "finished" and result.updates > 0
+    assert result.learner_backend == "numpy"  # C51 and the weights on the CPU fast path
+    data = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    head = data["q_network"]["advantage.2.weight_mu"]
+    assert head.shape[0] == 2 * cfg.num_atoms  # CartPole's 2 actions, an atom each
+    ablated = load_config("CartPole-v1", "rainbow", overrides={"prioritized_replay": False})
+    assert not ablated.prioritized_replay and ablated.distributional

@@ -75,7 +75,8 @@ class SeedLearner:
         for layer in [*online_layers, *target_layers]:
             layer.noise_enabled = self.draws
         self._noise = NoiseDraw([*online_layers, *target_layers])
-        self.optimizer = Adam(params, lr=lr, eps=adam_eps)
+        # A seed's step must not depend on how many seeds are stacked (Adam's rows).
+        self.optimizer = Adam(params, lr=lr, eps=adam_eps, rows=self.seeds)
         self._online = params
         self._target = list(target_network.parameters())
         self._sums = torch.zeros(self.seeds, 2, device=params[0].device, dtype=params[0].dtype)
@@ -125,7 +126,9 @@ class SeedLearner:
         ``torch.nn.utils.clip_grad_norm_``, per seed)."""
         grads = self.optimizer.grads
         per_param = [torch.linalg.vector_norm(g.reshape(self.seeds, -1), dim=1) for g in grads]
-        norms = torch.linalg.vector_norm(torch.stack(per_param), dim=0)  # (S,)
+        # Each seed's norm over its own row (S, P): a reduction along the parameters axis of
+        # (P, S) would sum in an order that depends on S.
+        norms = torch.linalg.vector_norm(torch.stack(per_param, dim=1), dim=1)  # (S,)
         scale = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
         for g in grads:
             g.mul_(scale.view(-1, *([1] * (g.dim() - 1))))

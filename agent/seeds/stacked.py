@@ -28,9 +28,29 @@ __all__ = [
     "StackedNoisyLinear",
     "seed_state_dict",
     "stack_networks",
+    "stacked_affine",
     "stacked_noisy_layers",
     "with_own_noise",
 ]
+
+
+def stacked_affine(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight^T + bias`` per seed: ``(S, B, in)``, ``(S, out, in)``, ``(S, out)`` ->
+    ``(S, B, out)``, each seed's rows the same to the bit whatever S is.
+
+    A batched matmul with one row (acting, one env per seed) or one column (a dueling
+    value stream) goes down a matrix-vector path whose rounding depends on the number of
+    seeds; such an operand is doubled for the product and cut back after.
+    """
+    rows, outs = x.shape[-2], weight.shape[-2]
+    if rows == 1:
+        x = torch.cat([x, x], dim=-2)
+    weight_t = weight.transpose(1, 2)  # (S, in, out)
+    if outs == 1:
+        weight_t = torch.cat([weight_t, weight_t], dim=-1)
+        bias = torch.cat([bias, bias], dim=-1)
+    out = torch.baddbmm(bias.unsqueeze(1), x, weight_t)
+    return out if rows > 1 and outs > 1 else out[:, :rows, :outs]
 
 
 class StackedLinear(nn.Module):
@@ -47,8 +67,7 @@ class StackedLinear(nn.Module):
         self.bias = nn.Parameter(torch.stack([lay.bias.detach() for lay in layers]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (S, B, in) @ (S, in, out) + (S, 1, out)
-        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.transpose(1, 2))
+        return stacked_affine(self.bias, x, self.weight)
 
 
 class StackedNoisyLinear(nn.Module):
@@ -73,10 +92,10 @@ class StackedNoisyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.noise_enabled:
-            return torch.baddbmm(self.bias_mu.unsqueeze(1), x, self.weight_mu.transpose(1, 2))
+            return stacked_affine(self.bias_mu, x, self.weight_mu)
         weight = self.weight_mu + self.weight_sigma * self.weight_epsilon  # (S, out, in)
         bias = self.bias_mu + self.bias_sigma * self.epsilon[:, self.in_features :]  # (S, out)
-        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+        return stacked_affine(bias, x, weight)
 
 
 def stacked_noisy_layers(module: nn.Module) -> list[StackedNoisyLinear]:
