@@ -324,9 +324,7 @@ def prepare_run(
         run.eval_curve = restore_training(
             checkpoint, q_network=agent.q_network, replay=agent.replay, **run.resumable
         )
-        # (Checkpoints of older releases lack learning_starts and updates_before.)
-        run.counters = Counters(**{"learning_starts": cfg.learning_starts,
-                                   **checkpoint["counters"]})  # fmt: skip
+        run.counters = Counters(**checkpoint["counters"])
         if "replay" not in checkpoint:
             # The buffer starts empty: fill it again before learning, as a new run does.
             run.counters.learning_starts = run.counters.global_step + cfg.learning_starts
