@@ -15,7 +15,7 @@ Solved means: the final policy's noise-free (deterministic) evaluation over 100
 episodes has mean return >= 475. "Steps to 475" is the env steps at the first
 periodic evaluation whose mean reached 475 (ours: 10 episodes every
 ``eval_interval`` steps of the config, 1,000 for CartPole-v1; SB3: 20 episodes every
-1,500 steps, as in the issue's reference). Wall-clock is the whole command. Ratios
+1,500 steps). Wall-clock is the whole command. Ratios
 are against SB3 measured in the same run.
 """
 

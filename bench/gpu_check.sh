@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's checks on a CUDA machine, in phases that each fit a 10-minute command.
+# The GPU checks on a CUDA machine, in phases that each fit a 10-minute command.
 #
 #   bash bench/gpu_check.sh verify   # gpu tests, the whole suite, CartPole end to end on cuda
 #   bash bench/gpu_check.sh sanitize # compute-sanitizer memcheck and racecheck, short training run

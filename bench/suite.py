@@ -22,7 +22,7 @@ The threshold of an env is the one in ``THRESHOLD`` (the three above), else the 
 an env with none (Blackjack-v1) gets no solve rate and no steps to solve, only the
 final returns. Each env's header says which config files its runs used. After the
 per-env tables, one table compares the default command with its epsilon-greedy ablation
-env by env (the issue's "at least as well as the epsilon-greedy ablation of itself"):
+env by env (is the noise at least as good as its own epsilon-greedy ablation?):
 solve rates, median steps to solve, and the final-return IQM, with 95% bootstrap CIs of
 the differences (noisy minus epsilon, seeds resampled within each agent).
 

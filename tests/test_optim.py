@@ -195,7 +195,7 @@ def test_parameters_without_a_gradient_are_left_alone_like_torch_adam(fused: boo
 
 
 def test_a_parameter_frozen_before_construction_is_accepted_and_left_alone() -> None:
-    # torch.optim.Adam accepts it; ours used to fail registering a hook on it.
+    # torch.optim.Adam accepts it, though no gradient hook can be registered on it.
     ours, ref = _net(), _net()
     for net in (ours, ref):
         net[0].weight.requires_grad_(False)
