@@ -1,7 +1,7 @@
 """Benchmark: microseconds per action, eager torch vs ActionSelector, on CPU and GPU.
 
-    python bench/acting.py            # full run (about a minute on CPU)
-    python bench/acting.py --quick    # short run
+    python -m bench.acting            # full run (about a minute on CPU)
+    python -m bench.acting --quick    # short run
 
 For each device (CPU always, CUDA when present), network (a 4-64-64-2 MLP as for
 CartPole, plain and noisy; the same noisy MLP written as a user would write it, a
@@ -32,9 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
-
 import torch.nn.functional as F
 from torch import nn
 

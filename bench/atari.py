@@ -1,12 +1,12 @@
 """Benchmark: Atari (ALE/Pong-v5) training SPS with 1 and 8 envs, and replay memory per transition.
 
-    python bench/atari.py                  # Pong, 1 and 8 sync envs (about a minute on 2 cores)
-    python bench/atari.py --async          # also async (subprocess) envs, for each num_envs > 1
-    python bench/atari.py --quick          # shorter runs
-    python bench/atari.py --device cuda    # the same runs with the learner and acting on the GPU
-    python bench/atari.py --envs 1,4,16    # other num_envs values
-    python bench/atari.py --breakdown      # then: where the time of one env step goes
-    python bench/atari.py --breakdown --no-sps   # the breakdown alone (seconds)
+    python -m bench.atari                  # Pong, 1 and 8 sync envs (about a minute on 2 cores)
+    python -m bench.atari --async          # also async (subprocess) envs, for each num_envs > 1
+    python -m bench.atari --quick          # shorter runs
+    python -m bench.atari --device cuda    # the same runs with the learner and acting on the GPU
+    python -m bench.atari --envs 1,4,16    # other num_envs values
+    python -m bench.atari --breakdown      # then: where the time of one env step goes
+    python -m bench.atari --breakdown --no-sps   # the breakdown alone (seconds)
 
 Needs the atari extra (``pip install -e ".[atari]"``). SPS is measured as in
 ``bench/vector.py``: short ``train`` runs with the ``agent/configs/atari.yaml`` settings
@@ -30,24 +30,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from vector import machine, measure_sps
-
 from agent.config import load_config
 from agent.frame_replay import FrameReplayBuffer
 from agent.replay import ReplayBuffer
+from bench.vector import machine, measure_sps
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """CartPole-v1: how fast and how reliably each agent solves it, in one invocation.
 
-    python bench/cartpole.py --seeds 101-110 --sb3-seeds 3 --ablation --plot docs/img/cartpole.png
+    python -m bench.cartpole --seeds 101-110 --sb3-seeds 3 --ablation --plot docs/img/cartpole.png
 
 Agents (each seed is a separate process, timed as a whole, start-up included):
 

@@ -1,8 +1,8 @@
 """Benchmark: what one learner update costs, by backend, and where the time goes.
 
-    python bench/learner.py                      # the CartPole config: 4-128-128-2, batch 32
-    python bench/learner.py --noisy-layers all   # every layer noisy
-    python bench/learner.py --device cuda        # on the GPU, plus the update as a CUDA graph
+    python -m bench.learner                      # the CartPole config: 4-128-128-2, batch 32
+    python -m bench.learner --noisy-layers all   # every layer noisy
+    python -m bench.learner --device cuda        # on the GPU, plus the update as a CUDA graph
 
 Times, as medians of single calls (repeats interleaved, so drift hits every variant):
 
@@ -30,22 +30,17 @@ import copy
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from threadpoolctl import threadpool_limits
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from acting import machine, time_calls
 
 from agent.acting.graph import CaptureFn, CapturedGraph, capture_cuda_graph
 from agent.learner import Learner
 from agent.networks import QNetwork
 from agent.optim import Adam
 from agent.replay import Batch
+from bench.acting import machine, time_calls
 
 LR = 1e-4
 GRAPH = "Learner.update captured in a CUDA graph (replay)"

@@ -1,6 +1,6 @@
 """Classic control: our default command, its epsilon-greedy ablation and SB3, in one run.
 
-    python bench/suite.py --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/img/
+    python -m bench.suite --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/img/
 
 For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (the default ``--envs``), or any
 other registered gymnasium id with discrete actions given to ``--envs`` (the
@@ -64,15 +64,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
-from cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
-
 from agent.config import env_config_file
 from agent.sweep import bootstrap_ci, iqm
-from agent.sweep.stats import _iqm_rows
+from agent.sweep.stats import iqm_rows
+from bench.cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
+from bench.cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
 
 # rl-zoo3 2.9.2 hyperparams/dqn.yml (n_timesteps is the step budget).
 SB3_ZOO = {
@@ -190,7 +186,7 @@ def compare(threshold: float | None, noisy: list[dict], epsilon: list[dict]) -> 
     fn = [r["final_eval_return"] for r in noisy]
     fe = [r["final_eval_return"] for r in epsilon]
     out: dict = {"iqm": (iqm(fn), iqm(fe)), "iqm_diff": iqm(fn) - iqm(fe),
-                 "iqm_diff_ci": _bootstrap_diff(fn, fe, _iqm_rows)}
+                 "iqm_diff_ci": _bootstrap_diff(fn, fe, iqm_rows)}
     behind, significant, ahead = [], [], []
     if threshold is not None:
         sn = [float(f >= threshold) for f in fn]

@@ -12,13 +12,13 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+import bench.suite
 from agent.errors import UserError
-from conftest import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def suite():
-    return load_bench_script("suite")
+    return bench.suite
 
 
 def run(final: float, curve: list | None = None) -> dict:
@@ -88,7 +88,7 @@ def test_config_default_yaml_undoes_every_key_of_an_env_yaml(env_id):
 def test_a_missing_config_file_is_a_one_line_usage_error(tmp_path):
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
-        [sys.executable, "bench/suite.py", "--config", str(tmp_path / "nope.yaml")],
+        [sys.executable, "-m", "bench.suite", "--config", str(tmp_path / "nope.yaml")],
         cwd=root, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2

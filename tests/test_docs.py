@@ -163,6 +163,15 @@ def test_docs_name_only_paths_that_exist(path: Path) -> None:
     assert path_problems(path, path.read_text()) == []
 
 
+@pytest.mark.parametrize(
+    "path", [*CURRENT_DOCS, *sorted((ROOT / "bench").glob("*.py"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_bench_scripts_are_run_as_modules_of_the_bench_package(path: Path) -> None:
+    # Run as a file, a script cannot import its siblings as bench.<name>.
+    assert re.findall(r"python3?\s+bench/\w+\.py", path.read_text()) == []
+
+
 def test_the_path_check_catches_a_moved_file() -> None:
     page = ROOT / "docs" / "design.md"
     text = page.read_text()

@@ -237,10 +237,9 @@ def test_meta_and_dtype_stay_where_they_are(dtype: torch.dtype) -> None:
 
 
 def test_the_benchmark_times_what_it_names() -> None:
-    from conftest import load_bench_script
+    from bench.seeds import variants
 
-    bench = load_bench_script("seeds")
-    runs = bench.variants(2, torch.device("cpu"))
+    runs = variants(2, torch.device("cpu"))
     for fn, seeds in runs.values():
         out = fn()
         if isinstance(out, torch.Tensor) and out.dim() == 1:  # losses: one per seed

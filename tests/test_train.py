@@ -21,7 +21,7 @@ from agent import cli
 from agent.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from agent.config import Config, load_config
 from agent.train import train
-from conftest import load_bench_script
+from bench.exact_value import exact_value_of_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -340,8 +340,7 @@ def test_default_config_is_not_stuck_on_frozenlake(tmp_path: Path, seed: int) ->
     # mean, so the bar (the optimum is 0.740) does not depend on evaluation luck.
     cfg = load_config("FrozenLake-v1", overrides={"seed": seed, "device": "cpu"})
     train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
-    exact = load_bench_script("exact_value")
-    value, actions = exact.exact_value_of_checkpoint(
+    value, actions = exact_value_of_checkpoint(
         "FrozenLake-v1", tmp_path / "run" / "checkpoints" / "last.pt"
     )
     assert value >= 0.70, actions
