@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.cli import command
 from agent.errors import UserError
+from agent.invocation import command
 from agent.sweep.driver import check_address, run_sweep
 from agent.sweep.local import check_local, run_local
 from agent.sweep.trials import (
