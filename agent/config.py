@@ -25,7 +25,17 @@ import yaml
 
 from agent.errors import UserError
 
-__all__ = ["CONFIG_DIR", "Config", "config_reference", "field_docs", "load_config", "parse_set"]
+__all__ = [
+    "CONFIG_DIR",
+    "Config",
+    "coerce_value",
+    "config_from_dict",
+    "config_reference",
+    "env_config_file",
+    "field_docs",
+    "load_config",
+    "parse_set",
+]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -404,6 +414,15 @@ def _apply(values: dict[str, Any], source: str, into: dict[str, Any]) -> None:
                 f"config key {key!r} in {source} must be {_type_name(_HINTS[key])}, got {value!r}"
             )
         into[key] = converted
+
+
+def coerce_value(key: str, value: Any, source: str) -> Any:
+    """``value`` as config key ``key`` holds it (an int is accepted as a float); a
+    :class:`UserError` naming ``source`` for an unknown key or a value of the wrong type.
+    Ranges are checked with the whole config (:meth:`Config.validate`)."""
+    out: dict[str, Any] = {}
+    _apply({key: value}, source, out)
+    return out[key]
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
