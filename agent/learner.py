@@ -17,6 +17,7 @@ from agent.optim import Adam
 from agent.replay_base import Batch
 
 __all__ = [
+    "BatchLike",
     "CapturedUpdate",
     "Learner",
     "Metrics",

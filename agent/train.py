@@ -47,14 +47,24 @@ from agent.replay_base import Batch, Replay, choose_storage
 from agent.signals import StopSignals
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
+# The loop's pieces beside train() are public too: seeds/group.py steps S such runs
+# together with them (prepare_run, Checkpoints, log_training, finish_run, ...).
 __all__ = [
     "Agent",
+    "Checkpoints",
     "Run",
     "TrainResult",
     "build_agent",
     "build_q_network",
+    "close_quietly",
+    "crossed",
     "exploration_probe",
+    "finish_run",
+    "learner_settings",
+    "log_training",
+    "prepare_run",
     "resolve_device",
+    "run_outputs",
     "train",
 ]
 
