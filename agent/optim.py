@@ -200,6 +200,12 @@ class Adam:
             p.addcdiv_(exp_avg, denom, value=-self.lr / bias_correction1)
 
     @property
+    def device_counts(self) -> torch.Tensor:
+        """Each parameter's step count where the kernel reads it (float32, on the
+        parameters' device): what steps in a replayed CUDA graph advance."""
+        return self._steps
+
+    @property
     def host_counts(self) -> tuple[int, list[int]]:
         """(steps taken, each parameter's steps): the host's copy of the step counts."""
         return self.step_count, list(self._counts)

@@ -94,8 +94,7 @@ def check_graph(learner: Learner, graph: CapturedGraph) -> None:
     replays = 5
     opt = learner.optimizer
     params_before = [p.detach().clone() for p in opt.params]
-    # _steps: the per-parameter step counts on the device, which the fused Adam kernel reads.
-    steps_before = opt._steps.clone()
+    steps_before = opt.device_counts.clone()
     sums_before = learner.running.sums.clone()
     host_before = (learner.updates, learner.running.count, opt.step_count)
     for _ in range(replays):
@@ -105,7 +104,7 @@ def check_graph(learner: Learner, graph: CapturedGraph) -> None:
         float((p.detach() - b).abs().max()) for p, b in zip(opt.params, params_before, strict=True)
     )
     finite = all(bool(torch.isfinite(p).all()) for p in opt.params)
-    steps_advanced = sorted({float(s) for s in (opt._steps - steps_before).tolist()})
+    steps_advanced = sorted({float(s) for s in (opt.device_counts - steps_before).tolist()})
     grad_norm = float(torch.linalg.vector_norm(opt.flat_grad))
     sums_moved = bool((learner.running.sums != sums_before).any())
     host_after = (learner.updates, learner.running.count, opt.step_count)

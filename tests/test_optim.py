@@ -135,6 +135,15 @@ def test_state_round_trip_continues_exactly(fused: bool) -> None:
         assert torch.equal(pa, pb)
 
 
+def test_device_counts_are_the_host_counts_on_the_device() -> None:
+    net = _net()
+    opt = Adam(net.parameters(), lr=1e-2)
+    _train_ours(net, opt, range(3), "cpu", torch.float32, None)
+    step_count, counts = opt.host_counts
+    assert step_count == 3 and opt.device_counts.tolist() == [float(c) for c in counts]
+    assert opt.device_counts.device == opt.params[0].device
+
+
 def test_state_of_another_network_is_rejected() -> None:
     opt = Adam(_net().parameters(), lr=1e-3)
     other = Adam([nn.Parameter(torch.zeros(5))], lr=1e-3)
