@@ -39,6 +39,8 @@ from agent.acting import ActionSelector
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise
 
+__all__ = ["machine", "make_obs", "time_calls"]
+
 MLP_SHAPE = (4,)
 CNN_SHAPE = (4, 84, 84)
 

@@ -41,7 +41,8 @@ import torch
 from agent.config import load_config
 from agent.frame_replay import FrameReplayBuffer
 from agent.replay import ReplayBuffer
-from bench.vector import machine, measure_sps
+from bench.acting import machine
+from bench.vector import measure_sps
 
 T = TypeVar("T")
 

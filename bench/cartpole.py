@@ -33,6 +33,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+__all__ = ["ROOT", "SB3_ZOO", "parse_seeds", "run_ours", "run_sb3", "timed_run_py"]
+
 ROOT = Path(__file__).resolve().parent.parent
 THRESHOLD = 475.0
 

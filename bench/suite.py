@@ -70,6 +70,8 @@ from agent.sweep.stats import iqm_rows
 from bench.cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
 from bench.cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
 
+__all__ = ["plot"]
+
 # rl-zoo3 2.9.2 hyperparams/dqn.yml (n_timesteps is the step budget).
 SB3_ZOO = {
     "CartPole-v1": (50_000, SB3_ZOO_CARTPOLE),

@@ -32,6 +32,8 @@ from agent.config import load_config
 from agent.train import train
 from bench.acting import machine
 
+__all__ = ["measure_sps"]
+
 
 def measure_sps(
     env_id: str,
