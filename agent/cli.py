@@ -1,7 +1,7 @@
 """Noisy DQN command line (``noisy-dqn``, or ``python run.py`` in a checkout): train,
 evaluate a saved policy, resume an interrupted run.
 
-    python run.py --env CartPole-v1                       train with agent/configs/ defaults
+    python run.py --env CartPole-v1                       train with configs/ defaults
     python run.py --eval RUN/checkpoints/best.pt          on the checkpoint's env (or --env)
     python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt

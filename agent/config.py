@@ -1,8 +1,10 @@
 """The one configuration dataclass, and how it is resolved from YAML files and overrides.
 
-Precedence, lowest first: ``agent/configs/default.yaml`` < ``agent/configs/<ENV_ID>.yaml`` (or
-``agent/configs/atari.yaml`` for ALE ids, ``agent/configs/minatar.yaml`` for MinAtar ids) <
-``--config FILE`` < ``--set key=value``.
+Precedence, lowest first: ``configs/default.yaml`` < ``configs/<ENV_ID>.yaml`` (or
+``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids) <
+``--config FILE`` < ``--set key=value``. The YAMLs are the checkout's top-level
+``configs/`` folder, which the build ships inside the package as ``agent/configs``
+(:data:`CONFIG_DIR` is whichever of the two this copy of the code has).
 Unknown keys, wrong types and invalid values raise :class:`UserError` before
 anything runs.
 """
@@ -37,7 +39,14 @@ __all__ = [
     "parse_set",
 ]
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+def _config_dir() -> Path:
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"  # a wheel: setup.py maps configs/ here
+    return installed if installed.is_dir() else package.parent / "configs"  # a checkout
+
+
+CONFIG_DIR = _config_dir()
 
 
 @dataclass
@@ -456,8 +465,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def env_config_file(env_id: str, config_dir: Path = CONFIG_DIR) -> Path | None:
-    """``agent/configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), else the family's file:
-    ``agent/configs/atari.yaml`` for ALE ids, ``agent/configs/minatar.yaml`` for MinAtar ids."""
+    """``configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), else the family's file:
+    ``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids."""
     bare = env_id.split(":", 1)[-1]
     path = config_dir / f"{bare.replace('/', '_')}.yaml"
     if path.is_file():
@@ -478,10 +487,10 @@ def load_config(
 ) -> Config:
     """Resolve defaults < env file < ``config_file`` < ``overrides`` into a validated Config."""
     values: dict[str, Any] = {}
-    _apply(_read_yaml(config_dir / "default.yaml"), "agent/configs/default.yaml", values)
+    _apply(_read_yaml(config_dir / "default.yaml"), "configs/default.yaml", values)
     env_file = env_config_file(env_id, config_dir)
     if env_file is not None:
-        _apply(_read_yaml(env_file), f"agent/configs/{env_file.name}", values)
+        _apply(_read_yaml(env_file), f"configs/{env_file.name}", values)
     if config_file is not None:
         _apply(_read_yaml(Path(config_file)), str(config_file), values)
     _apply(overrides or {}, "--set", values)

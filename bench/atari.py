@@ -9,7 +9,7 @@
     python -m bench.atari --breakdown --no-sps   # the breakdown alone (seconds)
 
 Needs the atari extra (``pip install -e ".[atari]"``). SPS is measured as in
-``bench/vector.py``: short ``train`` runs with the ``agent/configs/atari.yaml`` settings
+``bench/vector.py``: short ``train`` runs with the ``configs/atari.yaml`` settings
 (Nature CNN, hidden [512], batch 32, train_freq 4, n_step 3) on ``--device`` (CPU by
 default, with one torch thread), except that learning starts after a few thousand
 steps instead of 80k and the buffer is small; *acting* is the SPS before learning

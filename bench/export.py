@@ -3,7 +3,7 @@
     python -m bench.export            # full run (a few minutes on 2 cores)
     python -m bench.export --quick    # short run
 
-For the CartPole network (``agent/configs/CartPole-v1.yaml``: 4-64-64-2, noise on the output
+For the CartPole network (``configs/CartPole-v1.yaml``: 4-64-64-2, noise on the output
 layer) and the Atari Nature CNN (4x84x84 uint8 -> 6 actions, noisy 512-unit head), it
 times single calls, one observation each, returning the action as a numpy value:
 

@@ -7,7 +7,7 @@ Learning (the five games, ``-v0``: the paper's full action set)::
         --json minatar.json
 
 For every game and seed, ``python run.py --env MinAtar/GAME-v0 --seed S`` (the shipped
-``agent/configs/minatar.yaml``, 1M steps) and the same command with ``--set
+``configs/minatar.yaml``, 1M steps) and the same command with ``--set
 exploration=epsilon --set noisy_layers=none``, each a process of its own. The score of a
 run is its final policy's noise-free 100-episode mean (``result.json``). The table gives,
 per game: the median over seeds and the IQM [95% bootstrap CI] of both agents, the paired
@@ -281,7 +281,7 @@ def speed(args: argparse.Namespace) -> int:
           "last 100 episodes | noise-free greedy, 100 episodes |")
     print("|---|---|---|---|---|---|")
     for name, wall, train_ret, eval_ret in (
-        ("ours (agent/configs/minatar.yaml)", ours_wall, ours_train, ours_eval),
+        ("ours (configs/minatar.yaml)", ours_wall, ours_train, ours_eval),
         ("MinAtar examples/dqn.py", ref_wall, ref_train, ref_eval),
     ):
         print(f"| {name} | {wall:.0f} | {wall * per_m / 60:.1f} | "

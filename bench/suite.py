@@ -4,13 +4,13 @@
 
 For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (the default ``--envs``), or any
 other registered gymnasium id with discrete actions given to ``--envs`` (the
-generality check: envs with no YAML of their own, which run on ``agent/configs/default.yaml``
+generality check: envs with no YAML of their own, which run on ``configs/default.yaml``
 alone), every seed a separate process, timed as a whole (start-up included; with
 ``--together`` the seeds of an env and agent are one ``run.py --seeds`` process instead):
 
 * ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else
   (``--config FILE`` and ``--set`` add to both of our agents; ``--config
-  agent/configs/default.yaml`` runs an env that has a YAML on the default config instead).
+  configs/default.yaml`` runs an env that has a YAML on the default config instead).
 * ``epsilon``: the same command with ``--set exploration=epsilon --set
   noisy_layers=none``: the same network and learner without noise, epsilon-greedy.
 * ``sb3`` (when stable-baselines3 is installed, for the three envs above only):
@@ -142,9 +142,9 @@ def config_used(env_id: str, overrides: list[str] | None = None,
     --config and --set, in the order they apply (later wins)."""
     env_file = env_config_file(env_id)
     if env_file is None:
-        used = "agent/configs/default.yaml alone (no YAML of its own)"
+        used = "configs/default.yaml alone (no YAML of its own)"
     else:
-        used = f"agent/configs/default.yaml < agent/configs/{env_file.name}"
+        used = f"configs/default.yaml < configs/{env_file.name}"
     if config_file is not None:
         used += f" < --config {config_file}"
     return used + "".join(f" < --set {kv}" for kv in overrides or [])
@@ -409,7 +409,7 @@ def main() -> int:
                         "(repeatable; named in each env's header)")
     p.add_argument("--config", metavar="FILE",
                    help="a YAML file of overrides for both of our agents, applied after the "
-                        "env's own YAML (agent/configs/default.yaml: the default config on an env "
+                        "env's own YAML (configs/default.yaml: the default config on an env "
                         "that has a YAML)")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time")
     p.add_argument("--together", action="store_true",

@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     acting, learning = (2_400, 1_600) if args.quick else (8_000, 4_000)
-    # The CartPole-v1 learning settings of agent/configs/CartPole-v1.yaml, pinned here so
+    # The CartPole-v1 learning settings of configs/CartPole-v1.yaml, pinned here so
     # that a config change does not silently change the benchmark.
     overrides = {
         "hidden_sizes": [64, 64],

@@ -42,7 +42,7 @@ def test_thresholds_come_from_the_goal_then_the_table_then_the_registry(suite):
 
 def test_config_used_names_the_env_yaml_or_says_there_is_none(suite):
     assert suite.config_used("Acrobot-v1") == (
-        "agent/configs/default.yaml < agent/configs/Acrobot-v1.yaml"
+        "configs/default.yaml < configs/Acrobot-v1.yaml"
     )
     assert suite.config_used("FrozenLake-v1").endswith("(no YAML of its own)")
 
@@ -65,16 +65,16 @@ def test_config_file_reaches_both_agents_before_their_set(suite):
     ablation = suite.our_args(suite.AGENTS[1], [], "/abs/default.yaml")
     assert ablation[:2] == ["--config", "/abs/default.yaml"]
     assert ablation[-2:] == ["--set", "noisy_layers=none"]
-    assert suite.config_used("Acrobot-v1", ["lr=0.001"], "agent/configs/default.yaml") == (
-        "agent/configs/default.yaml < agent/configs/Acrobot-v1.yaml"
-        " < --config agent/configs/default.yaml"
+    assert suite.config_used("Acrobot-v1", ["lr=0.001"], "configs/default.yaml") == (
+        "configs/default.yaml < configs/Acrobot-v1.yaml"
+        " < --config configs/default.yaml"
         " < --set lr=0.001"
     )
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"])
 def test_config_default_yaml_undoes_every_key_of_an_env_yaml(env_id):
-    # What --config agent/configs/default.yaml promises: the config of an env without a YAML.
+    # What --config configs/default.yaml promises: the config of an env without a YAML.
     from agent.config import CONFIG_DIR, env_config_file, load_config
 
     assert env_config_file(env_id) is not None
@@ -161,8 +161,8 @@ def test_comparison_rows_name_the_config_file_after_the_env_yaml(suite):
     results = {suite.AGENTS[0]: [run(-90.0, [[30000, -90.0]])],
                suite.AGENTS[1]: [run(-95.0, [[20000, -95.0]])]}
     row = suite.comparison_row("Acrobot-v1", -100.0, results,
-                               config_file="agent/configs/default.yaml")
-    assert row["config"] == "Acrobot-v1.yaml < --config agent/configs/default.yaml"
+                               config_file="configs/default.yaml")
+    assert row["config"] == "Acrobot-v1.yaml < --config configs/default.yaml"
     assert row["seeds solved, noisy / epsilon"] == "1/1 / 1/1"
 
 

@@ -144,7 +144,7 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: 
 
 
 def test_the_random_warm_up_is_announced_until_it_is_over(tmp_path: Path) -> None:
-    def frozenlake(**overrides: object) -> Config:  # agent/configs/default.yaml: no YAML of its own
+    def frozenlake(**overrides: object) -> Config:  # configs/default.yaml: no YAML of its own
         return load_config(
             "FrozenLake-v1", overrides={**SHORT, "eval_interval": 0, **overrides}
         )
@@ -322,7 +322,7 @@ def test_epsilon_greedy_baseline_trains(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [3, 19])
 def test_cartpole_config_solves(tmp_path: Path, seed: int) -> None:
-    # agent/configs/CartPole-v1.yaml as shipped, on two of the seeds it was tuned on (about
+    # configs/CartPole-v1.yaml as shipped, on two of the seeds it was tuned on (about
     # 10-20 s each); docs/research/log.md reports untuned seeds.
     cfg = load_config("CartPole-v1", overrides={"seed": seed, "device": "cpu"})
     result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
@@ -334,7 +334,7 @@ def test_cartpole_config_solves(tmp_path: Path, seed: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 6])
 def test_default_config_is_not_stuck_on_frozenlake(tmp_path: Path, seed: int) -> None:
-    # agent/configs/default.yaml as shipped on FrozenLake-v1 (no YAML of its own), on tuning
+    # configs/default.yaml as shipped on FrozenLake-v1 (no YAML of its own), on tuning
     # seeds whose final policy was the stuck one worth 0.330 with the old 100-step random
     # warm-up (DOWN next to the goal). The exact value of the greedy policy, not a sampled
     # mean, so the bar (the optimum is 0.740) does not depend on evaluation luck.
