@@ -6,6 +6,7 @@ script editing ``sys.path`` to import its neighbours."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +23,11 @@ def project_sources(packages: tuple[str, ...] = PACKAGES) -> Sources:
             is_package = parts[-1] == "__init__"
             sources[".".join(parts[:-1] if is_package else parts)] = (path.read_text(), is_package)
     return sources
+
+
+@functools.cache
+def _parse(text: str) -> ast.Module:
+    return ast.parse(text)  # the trees are only read: one parse per text serves every check
 
 
 def _parents(name: str) -> list[str]:
@@ -54,7 +60,7 @@ def import_graph(sources: Sources) -> dict[str, set[str]]:
     for name, (text, is_package) in sources.items():
         own = set(_parents(name))
         edges: set[str] = set()
-        for module, imported, _ in _imports(name, is_package, ast.parse(text)):
+        for module, imported, _ in _imports(name, is_package, _parse(text)):
             targets = [module] if imported is None else [module, f"{module}.{imported}"]
             for target in targets:
                 for runs in (*_parents(target), target):
@@ -123,7 +129,7 @@ def private_reaches(sources: Sources) -> list[str]:
     """Uses of another project module's private names: ``from module import _name``,
     ``module._name``, and ``obj._name`` (or ``getattr``/``hasattr``/``setattr`` of it)
     where ``_name`` is private to another module of the project and not defined here."""
-    trees = {name: ast.parse(text) for name, (text, _) in sources.items()}
+    trees = {name: _parse(text) for name, (text, _) in sources.items()}
     own = {name: _own_private_names(tree) for name, tree in trees.items()}
     problems = []
     for name, tree in trees.items():
@@ -176,7 +182,7 @@ def _all_of(tree: ast.Module) -> set[str] | None:
 def names_outside_all(sources: Sources) -> list[str]:
     """``from module import name`` of a project module whose ``__all__`` (which it must
     have) does not list ``name`` (a submodule imported by name is not checked)."""
-    trees = {name: ast.parse(text) for name, (text, _) in sources.items()}
+    trees = {name: _parse(text) for name, (text, _) in sources.items()}
     problems = []
     for name, tree in trees.items():
         for module, imported, line in _imports(name, sources[name][1], tree):
@@ -193,7 +199,7 @@ def sys_path_edits(sources: Sources) -> list[str]:
     return [
         f"{name}:{node.lineno}: {ast.unparse(node)}"
         for name, (text, _) in sources.items()
-        for node in ast.walk(ast.parse(text))
+        for node in ast.walk(_parse(text))
         if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "sys.path"
     ]
 
@@ -260,6 +266,6 @@ def test_the_all_check_catches_a_name_left_out() -> None:
     assert names_outside_all(left_out) == [
         f"agent.seeds.group:{line}: crossed is not in agent.train.__all__"
         for _, imported, line in _imports("agent.seeds.group", False,
-                                          ast.parse(sources["agent.seeds.group"][0]))
+                                          _parse(sources["agent.seeds.group"][0]))
         if imported == "crossed"
     ]  # fmt: skip
