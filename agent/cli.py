@@ -1,7 +1,7 @@
 """Noisy DQN command line (``noisy-dqn``, or ``python run.py`` in a checkout): train,
 evaluate a saved policy, resume an interrupted run.
 
-    python run.py --env CartPole-v1                       train with agent/configs/ defaults
+    python run.py --env CartPole-v1                       train with configs/ defaults
     python run.py --eval RUN/checkpoints/best.pt          on the checkpoint's env (or --env)
     python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
@@ -21,17 +21,16 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from agent.invocation import command
+
+__all__ = ["build_parser", "entry", "load_policy", "main"]
+
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 
 # One BLAS thread for numpy's small matmuls (acting, evaluation), set before numpy is
 # imported: a thread per core is many times slower beside other busy processes.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-def command() -> str:
-    """How the user started us, for the commands our hints print."""
-    return "noisy-dqn" if Path(sys.argv[0]).name == "noisy-dqn" else "python run.py"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,8 +1,10 @@
 """The one configuration dataclass, and how it is resolved from YAML files and overrides.
 
-Precedence, lowest first: ``agent/configs/default.yaml`` < ``agent/configs/<ENV_ID>.yaml`` (or
-``agent/configs/atari.yaml`` for ALE ids, ``agent/configs/minatar.yaml`` for MinAtar ids) <
-``--config FILE`` < ``--set key=value``.
+Precedence, lowest first: ``configs/default.yaml`` < ``configs/<ENV_ID>.yaml`` (or
+``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids) <
+``--config FILE`` < ``--set key=value``. The YAMLs are the checkout's top-level
+``configs/`` folder, which the build ships inside the package as ``agent/configs``
+(:data:`CONFIG_DIR` is whichever of the two this copy of the code has).
 Unknown keys, wrong types and invalid values raise :class:`UserError` before
 anything runs.
 """
@@ -28,15 +30,25 @@ from agent.errors import UserError
 __all__ = [
     "CONFIG_DIR",
     "Config",
+    "coerce_value",
+    "config_from_dict",
     "config_reference",
     "config_source",
+    "env_config_file",
     "field_docs",
     "load_config",
     "parse_set",
     "presets",
 ]
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+def _config_dir() -> Path:
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"  # a wheel: setup.py maps configs/ here
+    return installed if installed.is_dir() else package.parent / "configs"  # a checkout
+
+
+CONFIG_DIR = _config_dir()
 
 
 @dataclass
@@ -465,6 +477,15 @@ def _apply(values: dict[str, Any], source: str, into: dict[str, Any]) -> None:
         into[key] = converted
 
 
+def coerce_value(key: str, value: Any, source: str) -> Any:
+    """``value`` as config key ``key`` holds it (an int is accepted as a float); a
+    :class:`UserError` naming ``source`` for an unknown key or a value of the wrong type.
+    Ranges are checked with the whole config (:meth:`Config.validate`)."""
+    out: dict[str, Any] = {}
+    _apply({key: value}, source, out)
+    return out[key]
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
@@ -496,8 +517,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def env_config_file(env_id: str, config_dir: Path = CONFIG_DIR) -> Path | None:
-    """``agent/configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), else the family's file:
-    ``agent/configs/atari.yaml`` for ALE ids, ``agent/configs/minatar.yaml`` for MinAtar ids."""
+    """``configs/<ENV_ID>.yaml`` (``/`` becomes ``_``), else the family's file:
+    ``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids."""
     bare = env_id.split(":", 1)[-1]
     path = config_dir / f"{bare.replace('/', '_')}.yaml"
     if path.is_file():
@@ -540,10 +561,10 @@ def load_config(
     """Resolve defaults < env file < ``config_file`` (a path, or a preset's name) <
     ``overrides`` into a validated Config."""
     values: dict[str, Any] = {}
-    _apply(_read_yaml(config_dir / "default.yaml"), "agent/configs/default.yaml", values)
+    _apply(_read_yaml(config_dir / "default.yaml"), "configs/default.yaml", values)
     env_file = env_config_file(env_id, config_dir)
     if env_file is not None:
-        _apply(_read_yaml(env_file), f"agent/configs/{env_file.name}", values)
+        _apply(_read_yaml(env_file), f"configs/{env_file.name}", values)
     if config_file is not None:
         path, source = config_source(config_file, config_dir)
         _apply(_read_yaml(path), source, values)

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from agent.errors import UserError
+from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, noise_disabled
 from agent.values import q_values, support_of
 
@@ -89,8 +90,8 @@ def fold_noise(q_network: nn.Module) -> nn.Module:
                     linear.weight.copy_(child.weight_mu)
                     linear.bias.copy_(child.bias_mu)
                 setattr(parent, name, linear)
-    if hasattr(folded, "_noisy"):  # QNetwork's cache of its noisy layers: none are left
-        folded._noisy = []
+    if isinstance(folded, QNetwork):  # none of its layers is noisy any more
+        folded.refresh_noisy_layers()
     return folded.eval().requires_grad_(False)
 
 

@@ -19,14 +19,17 @@ from agent.replay.base import Batch
 from agent.values import greedy_actions, support_of
 
 __all__ = [
+    "BatchLike",
     "CapturedUpdate",
     "Learner",
     "Metrics",
     "NonFiniteError",
     "RunningMetrics",
     "TDLoss",
+    "ValueObjective",
     "sync_parameters",
     "td_target",
+    "weighted_mean",
 ]
 
 

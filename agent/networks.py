@@ -260,3 +260,7 @@ class QNetwork(nn.Module):
     def is_noisy(self) -> bool:
         return bool(self._noisy)
 
+    def refresh_noisy_layers(self) -> None:
+        """Look up the NoisyLinear layers again, after layers were replaced in place
+        (a copy whose noisy layers were folded into plain or stacked ones)."""
+        self._noisy = find_noisy_layers(self)

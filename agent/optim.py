@@ -222,6 +222,12 @@ class Adam:
             p.addcdiv_(exp_avg, denom, value=-self.lr / bias_correction1)
 
     @property
+    def device_counts(self) -> torch.Tensor:
+        """Each parameter's step count where the kernel reads it (float32, on the
+        parameters' device): what steps in a replayed CUDA graph advance."""
+        return self._steps
+
+    @property
     def host_counts(self) -> tuple[int, list[int]]:
         """(steps taken, each parameter's steps): the host's copy of the step counts."""
         return self.step_count, list(self._counts)
@@ -245,8 +251,6 @@ class Adam:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the moments and the step count (hyperparameters stay as constructed)."""
-        if "param_groups" in state:  # written by torch.optim.Adam (older checkpoints)
-            state = _from_torch_adam(state, self.params)
         for name in ("exp_avg", "exp_avg_sq"):
             saved = state[name]
             if saved.shape != (self.flat_grad.numel(),):
@@ -256,29 +260,12 @@ class Adam:
                 )
             getattr(self, name).copy_(saved)
         self.step_count = int(state["step"])
-        counts = state.get("steps")  # older states: every parameter stepped every time
-        if counts is None:
-            self._counts = [self.step_count] * len(self.params)
-        else:
-            if len(counts) != len(self.params):
-                raise ValueError(
-                    f"optimizer state covers {len(counts)} parameters, "
-                    f"this network has {len(self.params)}"
-                )
-            self._counts = [int(c) for c in counts.tolist()]
+        counts = state["steps"]
+        if len(counts) != len(self.params):
+            raise ValueError(
+                f"optimizer state covers {len(counts)} parameters, "
+                f"this network has {len(self.params)}"
+            )
+        self._counts = [int(c) for c in counts.tolist()]
         self._steps.copy_(torch.tensor(self._counts, dtype=torch.float32))
 
-
-def _from_torch_adam(state: dict, params: list[nn.Parameter]) -> dict:
-    """Flatten a ``torch.optim.Adam`` state dict (per-parameter moments) into ours."""
-    per_param = state["state"]
-    if len(per_param) != len(params):
-        raise ValueError(
-            f"optimizer state covers {len(per_param)} parameters, this network has {len(params)}"
-        )
-    ordered = [per_param[i] for i in sorted(per_param)]
-    return {
-        "step": round(float(ordered[0]["step"])),
-        "exp_avg": torch.cat([s["exp_avg"].flatten() for s in ordered]),
-        "exp_avg_sq": torch.cat([s["exp_avg_sq"].flatten() for s in ordered]),
-    }

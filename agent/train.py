@@ -46,14 +46,24 @@ from agent.replay.prioritized import annealed_beta
 from agent.signals import StopSignals
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
+# The loop's pieces beside train() are public too: seeds/group.py steps S such runs
+# together with them (prepare_run, Checkpoints, log_training, finish_run, ...).
 __all__ = [
     "Agent",
+    "Checkpoints",
     "Run",
     "TrainResult",
     "build_agent",
     "build_q_network",
+    "close_quietly",
+    "crossed",
     "exploration_probe",
+    "finish_run",
+    "learner_settings",
+    "log_training",
+    "prepare_run",
     "resolve_device",
+    "run_outputs",
     "train",
 ]
 
@@ -329,9 +339,7 @@ def prepare_run(
         run.eval_curve = restore_training(
             checkpoint, q_network=agent.q_network, replay=agent.replay, **run.resumable
         )
-        # (Checkpoints of older releases lack learning_starts and updates_before.)
-        run.counters = Counters(**{"learning_starts": cfg.learning_starts,
-                                   **checkpoint["counters"]})  # fmt: skip
+        run.counters = Counters(**checkpoint["counters"])
         if "replay" not in checkpoint:
             # The buffer starts empty: fill it again before learning, as a new run does.
             run.counters.learning_starts = run.counters.global_step + cfg.learning_starts

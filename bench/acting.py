@@ -1,7 +1,7 @@
 """Benchmark: microseconds per action, eager torch vs ActionSelector, on CPU and GPU.
 
-    python bench/acting.py            # full run (about a minute on CPU)
-    python bench/acting.py --quick    # short run
+    python -m bench.acting            # full run (about a minute on CPU)
+    python -m bench.acting --quick    # short run
 
 For each device (CPU always, CUDA when present), network (a 4-64-64-2 MLP as for
 CartPole, plain and noisy; the same noisy MLP written as a user would write it, a
@@ -32,15 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
-
 import torch.nn.functional as F
 from torch import nn
 
 from agent.acting import ActionSelector
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise
+
+__all__ = ["machine", "make_obs", "time_calls"]
 
 MLP_SHAPE = (4,)
 CNN_SHAPE = (4, 84, 84)

@@ -1,15 +1,15 @@
 """Benchmark: Atari (ALE/Pong-v5) training SPS with 1 and 8 envs, and replay memory per transition.
 
-    python bench/atari.py                  # Pong, 1 and 8 sync envs (about a minute on 2 cores)
-    python bench/atari.py --async          # also async (subprocess) envs, for each num_envs > 1
-    python bench/atari.py --quick          # shorter runs
-    python bench/atari.py --device cuda    # the same runs with the learner and acting on the GPU
-    python bench/atari.py --envs 1,4,16    # other num_envs values
-    python bench/atari.py --breakdown      # then: where the time of one env step goes
-    python bench/atari.py --breakdown --no-sps   # the breakdown alone (seconds)
+    python -m bench.atari                  # Pong, 1 and 8 sync envs (about a minute on 2 cores)
+    python -m bench.atari --async          # also async (subprocess) envs, for each num_envs > 1
+    python -m bench.atari --quick          # shorter runs
+    python -m bench.atari --device cuda    # the same runs with the learner and acting on the GPU
+    python -m bench.atari --envs 1,4,16    # other num_envs values
+    python -m bench.atari --breakdown      # then: where the time of one env step goes
+    python -m bench.atari --breakdown --no-sps   # the breakdown alone (seconds)
 
 Needs the atari extra (``pip install -e ".[atari]"``). SPS is measured as in
-``bench/vector.py``: short ``train`` runs with the ``agent/configs/atari.yaml`` settings
+``bench/vector.py``: short ``train`` runs with the ``configs/atari.yaml`` settings
 (Nature CNN, hidden [512], batch 32, train_freq 4, n_step 3) on ``--device`` (CPU by
 default, with one torch thread), except that learning starts after a few thousand
 steps instead of 80k and the buffer is small; *acting* is the SPS before learning
@@ -30,24 +30,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from vector import machine, measure_sps
-
 from agent.config import load_config
 from agent.replay.frames import FrameReplayBuffer
 from agent.replay import ReplayBuffer
+from bench.acting import machine
+from bench.vector import measure_sps
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The exact expected return of saved greedy policies on tabular envs, without sampling.
 
-    python bench/exact_value.py --env FrozenLake-v1 RUN/checkpoints/last.pt [MORE.pt ...]
+    python -m bench.exact_value --env FrozenLake-v1 RUN/checkpoints/last.pt [MORE.pt ...]
 
 On a slippery grid world a sampled evaluation is too noisy to rank policies by: on
 FrozenLake-v1 the optimal policy's 100-episode mean has a standard error of about 0.04,
@@ -27,8 +27,6 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.errors import UserError
 

@@ -1,9 +1,9 @@
 """Benchmark: microseconds per action at batch 1 on CPU, exported policies vs ActionSelector.
 
-    python bench/export.py            # full run (a few minutes on 2 cores)
-    python bench/export.py --quick    # short run
+    python -m bench.export            # full run (a few minutes on 2 cores)
+    python -m bench.export --quick    # short run
 
-For the CartPole network (``agent/configs/CartPole-v1.yaml``: 4-64-64-2, noise on the output
+For the CartPole network (``configs/CartPole-v1.yaml``: 4-64-64-2, noise on the output
 layer) and the Atari Nature CNN (4x84x84 uint8 -> 6 actions, noisy 512-unit head), it
 times single calls, one observation each, returning the action as a numpy value:
 
@@ -29,18 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import onnxruntime as ort
-from acting import machine, make_obs, time_calls
+import torch
 
 from agent.acting import ActionSelector
 from agent.config import load_config
 from agent.export import export_policy
 from agent.train import build_q_network
+from bench.acting import machine, make_obs, time_calls
 
 CASES = {  # name: (config of, observation shape, actions)
     "CartPole MLP 4-64-64-2": ("CartPole-v1", (4,), 2),

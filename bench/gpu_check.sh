@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's checks on a CUDA machine, in phases that each fit a 10-minute command.
+# The GPU checks on a CUDA machine, in phases that each fit a 10-minute command.
 #
 #   bash bench/gpu_check.sh verify   # gpu tests, the whole suite, CartPole end to end on cuda
 #   bash bench/gpu_check.sh sanitize # compute-sanitizer memcheck and racecheck, short training run
@@ -144,22 +144,22 @@ sanitize)
     done
     ;;
 bench)
-    step bench_acting 240 $PY bench/acting.py
+    step bench_acting 240 $PY -m bench.acting
     sed -n '/^|/p' "$LOGS/bench_acting.log"
-    step bench_learner 150 $PY bench/learner.py --device cuda
-    step bench_learner_all 150 $PY bench/learner.py --device cuda --noisy-layers all
-    step bench_replay 240 $PY bench/replay.py --quick
-    step bench_noisy_forward 120 $PY bench/noisy_forward.py --quick
+    step bench_learner 150 $PY -m bench.learner --device cuda
+    step bench_learner_all 150 $PY -m bench.learner --device cuda --noisy-layers all
+    step bench_replay 240 $PY -m bench.replay --quick
+    step bench_noisy_forward 120 $PY -m bench.noisy_forward --quick
     ;;
 seeds)
-    step bench_seeds 120 $PY bench/seeds.py --device cuda --quick
+    step bench_seeds 120 $PY -m bench.seeds --device cuda --quick
     sed -n '/^|/p' "$LOGS/bench_seeds.log"
-    step bench_seed_group 420 $PY bench/seed_group.py speed --seeds 16 64 256 --steps 5000 \
+    step bench_seed_group 420 $PY -m bench.seed_group speed --seeds 16 64 256 --steps 5000 \
         --device cuda
     sed -n '/^|/p' "$LOGS/bench_seed_group.log"
     ;;
 atari)
-    step bench_atari 420 $PY bench/atari.py --device cuda --breakdown
+    step bench_atari 420 $PY -m bench.atari --device cuda --breakdown
     cat "$LOGS/bench_atari.log" | sed -n '/^|/p;/^#/p'
     ;;
 *)

@@ -1,8 +1,8 @@
 """Benchmark: what one learner update costs, by backend, and where the time goes.
 
-    python bench/learner.py                      # the CartPole config: 4-128-128-2, batch 32
-    python bench/learner.py --noisy-layers all   # every layer noisy
-    python bench/learner.py --device cuda        # on the GPU, plus the update as a CUDA graph
+    python -m bench.learner                      # the CartPole config: 4-128-128-2, batch 32
+    python -m bench.learner --noisy-layers all   # every layer noisy
+    python -m bench.learner --device cuda        # on the GPU, plus the update as a CUDA graph
 
 Times, as medians of single calls (repeats interleaved, so drift hits every variant):
 
@@ -30,22 +30,17 @@ import copy
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from threadpoolctl import threadpool_limits
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from acting import machine, time_calls
 
 from agent.acting.graph import CaptureFn, CapturedGraph, capture_cuda_graph
 from agent.learner import Learner
 from agent.networks import QNetwork
 from agent.optim import Adam
 from agent.replay import Batch
+from bench.acting import machine, time_calls
 
 LR = 1e-4
 GRAPH = "Learner.update captured in a CUDA graph (replay)"
@@ -99,8 +94,7 @@ def check_graph(learner: Learner, graph: CapturedGraph) -> None:
     replays = 5
     opt = learner.optimizer
     params_before = [p.detach().clone() for p in opt.params]
-    # _steps: the per-parameter step counts on the device, which the fused Adam kernel reads.
-    steps_before = opt._steps.clone()
+    steps_before = opt.device_counts.clone()
     sums_before = learner.running.sums.clone()
     host_before = (learner.updates, learner.running.count, opt.step_count)
     for _ in range(replays):
@@ -110,7 +104,7 @@ def check_graph(learner: Learner, graph: CapturedGraph) -> None:
         float((p.detach() - b).abs().max()) for p, b in zip(opt.params, params_before, strict=True)
     )
     finite = all(bool(torch.isfinite(p).all()) for p in opt.params)
-    steps_advanced = sorted({float(s) for s in (opt._steps - steps_before).tolist()})
+    steps_advanced = sorted({float(s) for s in (opt.device_counts - steps_before).tolist()})
     grad_norm = float(torch.linalg.vector_norm(opt.flat_grad))
     sums_moved = bool((learner.running.sums != sums_before).any())
     host_after = (learner.updates, learner.running.count, opt.step_count)

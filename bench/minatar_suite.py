@@ -3,11 +3,11 @@ against MinAtar's own DQN.
 
 Learning (the five games, ``-v0``: the paper's full action set)::
 
-    python bench/minatar_suite.py learn --seeds 101-105 --jobs 2 --plot-dir docs/img/minatar \\
+    python -m bench.minatar_suite learn --seeds 101-105 --jobs 2 --plot-dir docs/img/minatar \\
         --json minatar.json
 
 For every game and seed, ``python run.py --env MinAtar/GAME-v0 --seed S`` (the shipped
-``agent/configs/minatar.yaml``, 1M steps) and the same command with ``--set
+``configs/minatar.yaml``, 1M steps) and the same command with ``--set
 exploration=epsilon --set noisy_layers=none``, each a process of its own. The score of a
 run is its final policy's noise-free 100-episode mean (``result.json``). The table gives,
 per game: the median over seeds and the IQM [95% bootstrap CI] of both agents, the paired
@@ -23,7 +23,7 @@ so a second invocation reuses the runs that finished there and resumes the inter
 Speed (one game, against MinAtar's ``examples/dqn.py``, run unchanged but for its frame
 budget; clone https://github.com/kenjyoung/MinAtar for it)::
 
-    python bench/minatar_suite.py speed --reference ~/MinAtar/examples/dqn.py --game breakout \\
+    python -m bench.minatar_suite speed --reference ~/MinAtar/examples/dqn.py --game breakout \\
         --frames 300000
 
 runs our default command for ``--frames`` steps and the reference for as many frames,
@@ -49,10 +49,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cartpole import ROOT, parse_seeds, run_ours
+from bench.cartpole import ROOT, parse_seeds, run_ours
 
 GAMES = ["Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"]
 # The MinAtar paper's DQN, read off img/learning_curves.gif of the MinAtar repository
@@ -117,7 +114,7 @@ def finished_or_resumed(run_dir: Path) -> dict | None:
 
 def learn(args: argparse.Namespace) -> int:
     from agent.sweep import bootstrap_ci, iqm
-    from suite import plot
+    from bench.suite import plot
 
     games = args.games.split(",")
     seeds = parse_seeds(args.seeds)
@@ -284,7 +281,7 @@ def speed(args: argparse.Namespace) -> int:
           "last 100 episodes | noise-free greedy, 100 episodes |")
     print("|---|---|---|---|---|---|")
     for name, wall, train_ret, eval_ret in (
-        ("ours (agent/configs/minatar.yaml)", ours_wall, ours_train, ours_eval),
+        ("ours (configs/minatar.yaml)", ours_wall, ours_train, ours_eval),
         ("MinAtar examples/dqn.py", ref_wall, ref_train, ref_eval),
     ):
         print(f"| {name} | {wall:.0f} | {wall * per_m / 60:.1f} | "

@@ -1,7 +1,7 @@
 """Benchmark: NoisyLinear's noisy forward, materialised vs factorised, by layer size and rows.
 
-    python bench/noisy_forward.py            # about half a minute on CPU
-    python bench/noisy_forward.py --quick
+    python -m bench.noisy_forward            # about half a minute on CPU
+    python -m bench.noisy_forward --quick
 
 The layer computes ``x (mu + sigma * eps_out eps_in^T)^T + b``. Materialised: build
 the noisy weight matrix (an out x in ``addcmul``), then one matmul. Factorised:
@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
 
 import agent.noisy as noisy
 from bench.acting import machine

@@ -1,7 +1,7 @@
 """Benchmark: transitions per second of ReplayBuffer.add / .sample, against a numpy ring.
 
-    python bench/replay.py            # full run (about a minute on a 2-core CPU)
-    python bench/replay.py --quick    # short run, smaller rings
+    python -m bench.replay            # full run (about a minute on a 2-core CPU)
+    python -m bench.replay --quick    # short run, smaller rings
 
 Two observation kinds: CartPole-sized (4,) float32 and Atari-sized (4, 84, 84) uint8.
 For each it reports
@@ -27,15 +27,12 @@ import gc
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
 
 from agent.replay import ReplayBuffer
 

@@ -1,8 +1,8 @@
 """Benchmark: seeds trained together in one process against seeds trained alone.
 
-    python bench/seed_group.py speed --seeds 4 16 64 --steps 20000 --core 1
-    python bench/seed_group.py speed --seeds 16 64 256 --device cuda   # a GPU machine
-    python bench/seed_group.py agree --seeds 101-120
+    python -m bench.seed_group speed --seeds 4 16 64 --steps 20000 --core 1
+    python -m bench.seed_group speed --seeds 16 64 256 --device cuda   # a GPU machine
+    python -m bench.seed_group agree --seeds 101-120
 
 ``speed``: each variant is the command a user types, timed from start to exit on one
 core (``taskset``, one torch thread): ``run.py --seed 1`` (one seed, the single-run
@@ -33,12 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.acting import machine
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from acting import machine  # noqa: E402
-
-sys.path.insert(0, str(ROOT))
 
 
 def timed(args: list[str], core: int | None) -> float:

@@ -1,7 +1,7 @@
 """Benchmark: what a learner update and an action cost per seed, S seeds stacked against one.
 
-    python bench/seeds.py                 # S = 1, 4, 16, 64 (about two minutes on CPU)
-    python bench/seeds.py --seeds 16 --quick
+    python -m bench.seeds                 # S = 1, 4, 16, 64 (about two minutes on CPU)
+    python -m bench.seeds --seeds 16 --quick
 
 The CartPole network (4-128-128-2, noise in the last layer, batch 32), one torch
 thread. For each S it times, as medians of single calls (repeats interleaved, so drift
@@ -23,22 +23,16 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from acting import machine, time_calls
 
 from agent.acting import ActionSelector
 from agent.learner import Learner
 from agent.networks import QNetwork
 from agent.replay import Batch
 from agent.seeds import SeedLearner, stack_networks
+from bench.acting import machine, time_calls
 
 HIDDEN, BATCH, LR = (128, 128), 32, 1e-4
 

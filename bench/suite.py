@@ -1,16 +1,16 @@
 """Classic control: our default command, its epsilon-greedy ablation and SB3, in one run.
 
-    python bench/suite.py --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/img/
+    python -m bench.suite --seeds 101-110 --sb3-seeds 3 --jobs 2 --plot-dir docs/img/
 
 For each of CartPole-v1, Acrobot-v1 and MountainCar-v0 (the default ``--envs``), or any
 other registered gymnasium id with discrete actions given to ``--envs`` (the
-generality check: envs with no YAML of their own, which run on ``agent/configs/default.yaml``
+generality check: envs with no YAML of their own, which run on ``configs/default.yaml``
 alone), every seed a separate process, timed as a whole (start-up included; with
 ``--together`` the seeds of an env and agent are one ``run.py --seeds`` process instead):
 
 * ``noisy``: ``python run.py --env ENV --seed S`` — the shipped configs, nothing else
   (``--config FILE`` and ``--set`` add to both of our agents; ``--config
-  agent/configs/default.yaml`` runs an env that has a YAML on the default config instead).
+  configs/default.yaml`` runs an env that has a YAML on the default config instead).
 * ``epsilon``: the same command with ``--set exploration=epsilon --set
   noisy_layers=none``: the same network and learner without noise, epsilon-greedy.
 * ``sb3`` (when stable-baselines3 is installed, for the three envs above only):
@@ -22,7 +22,7 @@ The threshold of an env is the one in ``THRESHOLD`` (the three above), else the 
 an env with none (Blackjack-v1) gets no solve rate and no steps to solve, only the
 final returns. Each env's header says which config files its runs used. After the
 per-env tables, one table compares the default command with its epsilon-greedy ablation
-env by env (the issue's "at least as well as the epsilon-greedy ablation of itself"):
+env by env (is the noise at least as good as its own epsilon-greedy ablation?):
 solve rates, median steps to solve, and the final-return IQM, with 95% bootstrap CIs of
 the differences (noisy minus epsilon, seeds resampled within each agent).
 
@@ -64,15 +64,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
-from cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
-
 from agent.config import env_config_file
 from agent.sweep import bootstrap_ci, iqm
-from agent.sweep.stats import _iqm_rows
+from agent.sweep.stats import iqm_rows
+from bench.cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
+from bench.cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
+
+__all__ = ["plot"]
 
 # rl-zoo3 2.9.2 hyperparams/dqn.yml (n_timesteps is the step budget).
 SB3_ZOO = {
@@ -144,9 +142,9 @@ def config_used(env_id: str, overrides: list[str] | None = None,
     --config and --set, in the order they apply (later wins)."""
     env_file = env_config_file(env_id)
     if env_file is None:
-        used = "agent/configs/default.yaml alone (no YAML of its own)"
+        used = "configs/default.yaml alone (no YAML of its own)"
     else:
-        used = f"agent/configs/default.yaml < agent/configs/{env_file.name}"
+        used = f"configs/default.yaml < configs/{env_file.name}"
     if config_file is not None:
         used += f" < --config {config_file}"
     return used + "".join(f" < --set {kv}" for kv in overrides or [])
@@ -190,7 +188,7 @@ def compare(threshold: float | None, noisy: list[dict], epsilon: list[dict]) -> 
     fn = [r["final_eval_return"] for r in noisy]
     fe = [r["final_eval_return"] for r in epsilon]
     out: dict = {"iqm": (iqm(fn), iqm(fe)), "iqm_diff": iqm(fn) - iqm(fe),
-                 "iqm_diff_ci": _bootstrap_diff(fn, fe, _iqm_rows)}
+                 "iqm_diff_ci": _bootstrap_diff(fn, fe, iqm_rows)}
     behind, significant, ahead = [], [], []
     if threshold is not None:
         sn = [float(f >= threshold) for f in fn]
@@ -411,7 +409,7 @@ def main() -> int:
                         "(repeatable; named in each env's header)")
     p.add_argument("--config", metavar="FILE",
                    help="a YAML file of overrides for both of our agents, applied after the "
-                        "env's own YAML (agent/configs/default.yaml: the default config on an env "
+                        "env's own YAML (configs/default.yaml: the default config on an env "
                         "that has a YAML)")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time")
     p.add_argument("--together", action="store_true",

@@ -1,7 +1,7 @@
 """Benchmark: N CartPole seeds one after another vs through the Ray sweep, and Ray's start-up.
 
-    python bench/sweep.py                         # 10 seeds x 5000 steps (a few minutes, 2 cores)
-    python bench/sweep.py --seeds 4 --total-steps 2000      # quick
+    python -m bench.sweep                         # 10 seeds x 5000 steps (a few minutes, 2 cores)
+    python -m bench.sweep --seeds 4 --total-steps 2000      # quick
 
 Three measurements, in one invocation, on the same configuration
 (``--env CartPole-v1 --total-steps N --set early_stop=false --device cpu``):
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a bare checkout too
 
 
 def sequential(seeds: list[int], total_steps: int, run_root: Path) -> tuple[float, list[float]]:

@@ -1,8 +1,8 @@
 """Benchmark: environment steps per second of the training loop with 1, 4 and 8 vector envs.
 
-    python bench/vector.py                 # CartPole-v1, sync vector env, 1 / 4 / 8 envs
-    python bench/vector.py --async         # also the async (subprocess) vector env
-    python bench/vector.py --quick         # shorter runs
+    python -m bench.vector                 # CartPole-v1, sync vector env, 1 / 4 / 8 envs
+    python -m bench.vector --async         # also the async (subprocess) vector env
+    python -m bench.vector --quick         # shorter runs
 
 Each configuration is one short ``agent.train.train`` run on the CPU (one torch
 thread, evaluation off). The loop logs ``charts/SPS`` over every ``log_interval``
@@ -21,21 +21,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout too
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from acting import machine
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agent.config import load_config
 from agent.train import train
+from bench.acting import machine
+
+__all__ = ["measure_sps"]
 
 
 def measure_sps(
@@ -85,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     acting, learning = (2_400, 1_600) if args.quick else (8_000, 4_000)
-    # The CartPole-v1 learning settings of agent/configs/CartPole-v1.yaml, pinned here so
+    # The CartPole-v1 learning settings of configs/CartPole-v1.yaml, pinned here so
     # that a config change does not silently change the benchmark.
     overrides = {
         "hidden_sizes": [64, 64],

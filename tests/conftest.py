@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -103,13 +101,3 @@ def train_checkpoint(run_dir: Path, env_id: str, total_steps: int, **overrides: 
     settings["learning_starts"] = min(total_steps, settings["learning_starts"])
     train(load_config(env_id, overrides=settings), run_dir, progress=False, echo=lambda _: None)
     return Path(run_dir) / "checkpoints" / "last.pt"
-
-
-def load_bench_script(name: str) -> ModuleType:
-    """``bench/<name>.py`` as a module (bench/ is scripts, not a package)."""
-    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

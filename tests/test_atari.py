@@ -196,31 +196,6 @@ def test_frame_replay_state_dict_round_trip() -> None:
         other.load_state_dict(a.state_dict())
 
 
-def test_frame_replay_loads_the_oldest_first_windows_of_earlier_checkpoints() -> None:
-    # Earlier releases saved frame replay's n-step windows oldest first with their
-    # lengths (win_obs, win_act, win_rew, wlen); such a checkpoint resumes exactly.
-    shape, n = (4, 8, 8), 3
-    a = FrameReplayBuffer(120, shape, np.uint8, device="cpu", n_step=n, num_envs=2)
-    drive([a], 2, 150, seed=1, p_explored=0.1)
-    state = dict(a.state_dict())
-    t = state.pop("t")
-    lengths = np.minimum(state.pop("episode_steps").numpy(), n - 1)
-    windows = {k: state.pop(k).numpy() for k in ("window_obs", "window_actions",
-                                                 "window_rewards")}
-    old = {"win_obs": np.zeros((2, n, 4), np.int64), "win_act": np.zeros((2, n), np.int64),
-           "win_rew": np.zeros((2, n))}
-    for env, k in enumerate(lengths):
-        slots = (t - k + np.arange(k)) % n  # oldest .. newest
-        for (key, new) in zip(old, windows.values(), strict=True):
-            old[key][env, :k] = new[env, slots]
-    state |= {key: torch.from_numpy(v) for key, v in old.items()}
-    state["wlen"] = torch.from_numpy(lengths.astype(np.int64))
-    b = FrameReplayBuffer(120, shape, np.uint8, device="cpu", n_step=n, num_envs=2)
-    b.load_state_dict(state)
-    drive([a, b], 2, 50, seed=2, p_explored=0.1)
-    assert transitions(all_of(a)) == transitions(all_of(b))
-
-
 def test_frame_replay_memory_per_transition() -> None:
     shape = (4, 84, 84)
     frames = FrameReplayBuffer(1_000, shape, np.uint8, device="cpu")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CUDA, load_bench_script
+import bench.learner as bench_learner
+from conftest import CUDA
 
 from agent.acting.graph import capture_eager
 
@@ -21,7 +22,7 @@ HAS_ALE = importlib.util.find_spec("ale_py") is not None
 
 def bench(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / f"{script}.py"), *args],
+        [sys.executable, "-m", f"bench.{script}", *args],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
     )
 
@@ -60,7 +61,7 @@ def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
     # The checks' own logic (the twin learner copied from the graph's, Adam state
     # included, reseeded) on the CPU: an eager stand-in must match the twin exactly,
     # so a mismatch on the GPU is the graph's and not the check's.
-    mod = load_bench_script("learner")
+    mod = bench_learner
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "manual_seed", torch.manual_seed)
     torch.manual_seed(0)
@@ -79,7 +80,7 @@ def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
 
 
 def test_grads_in_flat_buffer_sees_a_replaced_grad():
-    mod = load_bench_script("learner")
+    mod = bench_learner
     net = mod.QNetwork((4,), 2, [8], noisy_layers="last")
     learner = mod.Learner(net, copy.deepcopy(net), lr=mod.LR, backend="torch")
     assert mod.grads_in_flat_buffer(learner.optimizer)

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_bench_script
+import bench.minatar_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def minatar():
-    return load_bench_script("minatar_suite")
+    return bench.minatar_suite
 
 
 def runs(game: str, seeds: list[int], finals: dict[str, list[float]]) -> dict:
@@ -54,7 +54,7 @@ def test_from_json_reports_every_seed_of_every_file_and_skips_unrun_games(tmp_pa
         paths.append(tmp_path / f"{i}.json")
         paths[-1].write_text(json.dumps(part))
     proc = subprocess.run(
-        [sys.executable, "bench/minatar_suite.py", "learn", "--from-json", *map(str, paths),
+        [sys.executable, "-m", "bench.minatar_suite", "learn", "--from-json", *map(str, paths),
          "--plot-dir", str(tmp_path / "plots")],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| Breakout")]

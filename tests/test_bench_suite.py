@@ -12,13 +12,13 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+import bench.suite
 from agent.errors import UserError
-from conftest import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def suite():
-    return load_bench_script("suite")
+    return bench.suite
 
 
 def run(final: float, curve: list | None = None) -> dict:
@@ -42,7 +42,7 @@ def test_thresholds_come_from_the_goal_then_the_table_then_the_registry(suite):
 
 def test_config_used_names_the_env_yaml_or_says_there_is_none(suite):
     assert suite.config_used("Acrobot-v1") == (
-        "agent/configs/default.yaml < agent/configs/Acrobot-v1.yaml"
+        "configs/default.yaml < configs/Acrobot-v1.yaml"
     )
     assert suite.config_used("FrozenLake-v1").endswith("(no YAML of its own)")
 
@@ -65,16 +65,16 @@ def test_config_file_reaches_both_agents_before_their_set(suite):
     ablation = suite.our_args(suite.AGENTS[1], [], "/abs/default.yaml")
     assert ablation[:2] == ["--config", "/abs/default.yaml"]
     assert ablation[-2:] == ["--set", "noisy_layers=none"]
-    assert suite.config_used("Acrobot-v1", ["lr=0.001"], "agent/configs/default.yaml") == (
-        "agent/configs/default.yaml < agent/configs/Acrobot-v1.yaml"
-        " < --config agent/configs/default.yaml"
+    assert suite.config_used("Acrobot-v1", ["lr=0.001"], "configs/default.yaml") == (
+        "configs/default.yaml < configs/Acrobot-v1.yaml"
+        " < --config configs/default.yaml"
         " < --set lr=0.001"
     )
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"])
 def test_config_default_yaml_undoes_every_key_of_an_env_yaml(env_id):
-    # What --config agent/configs/default.yaml promises: the config of an env without a YAML.
+    # What --config configs/default.yaml promises: the config of an env without a YAML.
     from agent.config import CONFIG_DIR, env_config_file, load_config
 
     assert env_config_file(env_id) is not None
@@ -88,7 +88,7 @@ def test_config_default_yaml_undoes_every_key_of_an_env_yaml(env_id):
 def test_a_missing_config_file_is_a_one_line_usage_error(tmp_path):
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
-        [sys.executable, "bench/suite.py", "--config", str(tmp_path / "nope.yaml")],
+        [sys.executable, "-m", "bench.suite", "--config", str(tmp_path / "nope.yaml")],
         cwd=root, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
@@ -161,8 +161,8 @@ def test_comparison_rows_name_the_config_file_after_the_env_yaml(suite):
     results = {suite.AGENTS[0]: [run(-90.0, [[30000, -90.0]])],
                suite.AGENTS[1]: [run(-95.0, [[20000, -95.0]])]}
     row = suite.comparison_row("Acrobot-v1", -100.0, results,
-                               config_file="agent/configs/default.yaml")
-    assert row["config"] == "Acrobot-v1.yaml < --config agent/configs/default.yaml"
+                               config_file="configs/default.yaml")
+    assert row["config"] == "Acrobot-v1.yaml < --config configs/default.yaml"
     assert row["seeds solved, noisy / epsilon"] == "1/1 / 1/1"
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -198,3 +202,53 @@ def test_defaults_agree_in_the_dataclass_default_yaml_and_the_reference() -> Non
         if not value == shipped[key] == yaml.safe_load(rows[key])
     ]
     assert disagree == [], f"(key, dataclass, default.yaml, reference): {disagree}"
+
+
+def test_a_checkout_reads_the_top_level_configs_folder() -> None:
+    assert CONFIG_DIR == ROOT / "configs"
+    assert (CONFIG_DIR / "default.yaml").is_file()
+    # A YAML left in agent/configs/ would be shadowed in the checkout (or shadow the rest).
+    assert not (ROOT / "agent" / "configs").exists()
+
+
+def test_the_wheel_ships_configs_as_agent_configs_and_reads_them_installed(
+    tmp_path: Path,
+) -> None:
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 68:
+        pytest.skip("the build needs setuptools >= 68 (pyproject.toml's build-system)")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("agent", "envs", "configs"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(tmp_path / "dist"), str(src)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    shipped = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("agent/configs/"))
+    configs = ROOT / "configs"
+    assert shipped == sorted(f"agent/configs/{p.relative_to(configs).as_posix()}"
+                             for p in configs.rglob("*.yaml"))  # fmt: skip
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    # The installed copy of agent, imported from elsewhere, finds its configs beside it.
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import agent.config as c; "
+        "print(c.__file__, c.CONFIG_DIR, c.load_config('CartPole-v1').total_steps, "
+        "c.load_config('CartPole-v1', 'rainbow').distributional)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(site)], cwd=tmp_path, capture_output=True, text=True,
+        check=True, timeout=120,
+    )  # fmt: skip
+    module, config_dir, total_steps, preset = out.stdout.split()
+    assert preset == "True"  # the presets ship too
+    assert Path(module).parent == site / "agent"
+    assert Path(config_dir) == site / "agent" / "configs"
+    assert int(total_steps) == yaml.safe_load((ROOT / "configs" / "CartPole-v1.yaml").read_text())[
+        "total_steps"
+    ]

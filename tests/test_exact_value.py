@@ -7,16 +7,17 @@ import numpy as np
 import pytest
 import torch
 
+import bench.exact_value
 from agent.errors import UserError
+from conftest import train_checkpoint
 from envs import make_env
-from conftest import load_bench_script, train_checkpoint
 
 LEFT, DOWN, RIGHT, UP = range(4)
 
 
 @pytest.fixture(scope="module")
 def exact():
-    return load_bench_script("exact_value")
+    return bench.exact_value
 
 
 def shortest_path_table() -> np.ndarray:

@@ -26,8 +26,8 @@ pytest.importorskip("minigrid")
 MINATAR_GAMES = ["Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"]
 MINATAR_CHANNELS = {"Asterix": 4, "Breakout": 4, "Freeway": 7, "Seaquest": 10, "SpaceInvaders": 6}
 
-# A few hundred steps: learning, evaluation, checkpoints all happen (agent/configs/minatar.yaml
-# or agent/configs/default.yaml below these overrides).
+# A few hundred steps: learning, evaluation, checkpoints all happen (configs/minatar.yaml
+# or configs/default.yaml below these overrides).
 TINY = {
     "total_steps": 400,
     "learning_starts": 100,

@@ -12,6 +12,7 @@ from conftest import DEVICES
 
 from agent.learner import Learner, NonFiniteError, td_target
 from agent.networks import QNetwork
+from agent.noisy import noisy_layers
 from agent.replay import Batch
 
 BACKENDS = ["torch", "numpy"]
@@ -111,20 +112,22 @@ def test_gradient_clipping_bounds_the_step(backend: str) -> None:
 def test_update_uses_fresh_noise_and_leaves_the_acting_noise_in_place() -> None:
     # Forward hooks see the autograd path's noise; the numpy path draws the same (below).
     learner = _learner(backend="torch")
-    online, target = learner.q_network._noisy[0], learner.target_network._noisy[0]
+    online, target = (noisy_layers(n)[0] for n in (learner.q_network, learner.target_network))
     seen: dict[str, torch.Tensor] = {}
     online.register_forward_hook(lambda m, i, o: seen.update(online=m.weight_epsilon.clone()))
     target.register_forward_hook(lambda m, i, o: seen.update(target=m.weight_epsilon.clone()))
-    acting = [b.clone() for layer in learner.q_network._noisy for b in layer.buffers()]
-    pointers = [b.data_ptr() for layer in learner.q_network._noisy for b in layer.buffers()]
+    buffers = [b for layer in noisy_layers(learner.q_network) for b in layer.buffers()]
+    acting = [b.clone() for b in buffers]
+    pointers = [b.data_ptr() for b in buffers]
     target_before = target.weight_epsilon.clone()
     learner.update(_batch())
     # The update ran on noise of its own, independent for the two networks ...
     assert not torch.equal(seen["online"], acting[1])
     assert not torch.equal(seen["target"], target_before)
     assert not torch.equal(seen["online"], seen["target"])
-    # ... and put the acting noise back, in place (a captured graph reads those addresses).
-    after = [b for layer in learner.q_network._noisy for b in layer.buffers()]
+    # ... and left the acting noise as it was, in place (a captured graph reads those
+    # addresses).
+    after = [b for layer in noisy_layers(learner.q_network) for b in layer.buffers()]
     assert all(torch.equal(a, b) for a, b in zip(acting, after, strict=True))
     assert [b.data_ptr() for b in after] == pointers
 
@@ -147,11 +150,11 @@ def test_with_update_noise_0_a_step_is_the_mean_network_s_step(backend: str) -> 
         plain.update(_batch(dtype=torch.float64, seed=i))
     torch.testing.assert_close(net.state_dict(), plain_net.state_dict(), rtol=0, atol=0)
     assert all(torch.equal(net.state_dict()[k], v) for k, v in sigmas.items())
-    assert all(layer.noise_enabled for layer in net._noisy)  # it still acts noisily
+    assert all(layer.noise_enabled for layer in noisy_layers(net))  # it still acts noisily
     assert all(torch.equal(a, b) for a, b in zip(noise, net.buffers(), strict=True))
     # The learner switches noise off for its updates only, never in the networks it got.
-    assert all(layer.noise_enabled for layer in acting.target_network._noisy)
-    assert all(layer.noise_enabled for layer in plain_net._noisy)
+    assert all(layer.noise_enabled for layer in noisy_layers(acting.target_network))
+    assert all(layer.noise_enabled for layer in noisy_layers(plain_net))
 
 
 def test_negative_update_noise_is_refused() -> None:
@@ -164,7 +167,7 @@ def test_update_noise_scales_the_noise_the_update_runs_with() -> None:
     seen: dict[float, list[torch.Tensor]] = {}
     for scale in (1.0, 0.5):
         learner = _learner(backend="torch", update_noise=scale)
-        layers = [learner.q_network._noisy[0], learner.target_network._noisy[0]]
+        layers = [noisy_layers(learner.q_network)[0], noisy_layers(learner.target_network)[0]]
         for layer in layers:
             layer.register_forward_hook(
                 lambda m, i, o, s=scale: seen.setdefault(s, []).append(
@@ -362,9 +365,9 @@ def test_numpy_updates_leave_frozen_parameters_alone_as_autograd_does() -> None:
     _assert_same_learners(a, b)
 
 
-def test_numpy_update_puts_the_acting_noise_back_in_place() -> None:
+def test_numpy_update_leaves_the_acting_noise_in_place() -> None:
     learner = _learner(backend="numpy")
-    buffers = [b for layer in learner.q_network._noisy for b in layer.buffers()]
+    buffers = [b for layer in noisy_layers(learner.q_network) for b in layer.buffers()]
     acting = [b.clone() for b in buffers]
     pointers = [b.data_ptr() for b in buffers]
     learner.update(_batch())

@@ -83,6 +83,21 @@ def test_reset_noise_resets_every_noisy_layer_in_place() -> None:
         assert not torch.equal(b, m.weight_epsilon)
 
 
+def test_refresh_finds_noisy_layers_put_in_after_construction() -> None:
+    # reset_noise walks a list found at construction (it is on the hot path); a network
+    # whose layers were swapped afterwards (folded for export, stacked) looks again.
+    net = QNetwork((4,), 2, (8,), noisy_layers="none")
+    net.head[2] = NoisyLinear(8, 2)
+    before = net.head[2].weight_epsilon.clone()
+    net.refresh_noisy_layers()
+    assert net.is_noisy
+    net.reset_noise()
+    assert not torch.equal(before, net.head[2].weight_epsilon)
+    net.head[2] = torch.nn.Linear(8, 2)
+    net.refresh_noisy_layers()
+    assert not net.is_noisy
+
+
 def test_noise_changes_output_unless_disabled() -> None:
     net = QNetwork((4,), 2, (8, 8))
     x = torch.randn(3, 4)

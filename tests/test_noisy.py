@@ -216,8 +216,7 @@ def test_moved_layer_draws_noise_where_it_was_moved(device: str) -> None:
     assert eps.device.type == device and layer.epsilon.device.type == device
     assert bool(layer.epsilon.ne(0).all())
     # Rank one, in the buffer's own precision: each float32 product is rounded, so
-    # the matrix is rank one to float32's tolerance, not to float64's (this test took
-    # the rank of eps.double() and failed on its first run on a GPU, 2026-11-23).
+    # the matrix is rank one to float32's tolerance, not to float64's.
     assert torch.linalg.matrix_rank(eps) == 1
     assert torch.equal(eps, torch.outer(layer.epsilon_out, layer.epsilon_in))
 

@@ -253,14 +253,13 @@ def test_meta_and_dtype_stay_where_they_are(dtype: torch.dtype) -> None:
 
 
 def test_the_benchmark_times_what_it_names() -> None:
-    from conftest import load_bench_script
+    from bench.seeds import BATCH, variants
 
-    bench = load_bench_script("seeds")
-    runs = bench.variants(2, torch.device("cpu"))
+    runs = variants(2, torch.device("cpu"))
     for fn, seeds in runs.values():
         out = fn()
         if isinstance(out, torch.Tensor):  # per-sample errors: a batch per seed
-            assert out.shape in ((seeds, bench.BATCH), (bench.BATCH,))
+            assert out.shape in ((seeds, BATCH), (BATCH,))
         if isinstance(out, np.ndarray):  # actions: one per seed's observation
             assert out.shape in ((seeds, 1), (1,))
 

@@ -76,8 +76,9 @@ class ActionSelector:
         noise: act with noisy weights, resampled every ``noise_interval`` calls (True;
             the paper resamples every step), or with the mean weights only (False, for
             deterministic evaluation). The selector resamples the *online* network's
-            noise buffers in place, as the paper's acting step does; the learner puts
-            them back after each update, so the noise stays held between resamples.
+            noise buffers in place, as the paper's acting step does; the learner never
+            writes them (its update noise has buffers of its own,
+            :class:`~agent.noisy.NoiseBuffers`), so the noise stays held between resamples.
         noise_interval: resample the noise every this many calls (1 = every step), or
             ``None``: only at the first call and after :meth:`new_noise` (the training
             loop calls it at every episode end, for noise held for a whole episode).

@@ -489,17 +489,7 @@ class FrameReplayBuffer:
             src = state.get(key)
             if not isinstance(src, torch.Tensor) or tuple(src.shape) != arr.shape:
                 raise ValueError(f"replay state_dict: {key} must have shape {arr.shape}")
-        # Checkpoints of earlier releases keep the windows oldest first, with their lengths.
-        old_windows = "window_obs" not in state
-        if old_windows:
-            n, c = self.n_step, self.obs_shape[0]
-            shapes = {"win_obs": (self.num_envs, n, c), "win_act": (self.num_envs, n),
-                      "win_rew": (self.num_envs, n), "wlen": (self.num_envs,)}
-            for key, shape in shapes.items():
-                if key not in state or tuple(state[key].shape) != shape:
-                    raise ValueError(f"replay state_dict: {key} must have shape {shape}")
-        else:
-            self._windows.check_state(state)
+        self._windows.check_state(state)
         valid = state["valid"]
         if int(valid.sum()) != int(state["size"]):
             raise ValueError("replay state_dict: size does not match the stored transitions")
@@ -508,9 +498,5 @@ class FrameReplayBuffer:
             t.copy_(state[name])
         for name in self._HOST_ARRAYS:
             getattr(self, name)[...] = state[name.lstrip("_")].numpy()
-        if old_windows:
-            self._windows.load_oldest_first(*(state[k].numpy() for k in
-                                              ("win_obs", "win_act", "win_rew", "wlen")))
-        else:
-            self._windows.load_state_dict(state)
+        self._windows.load_state_dict(state)
         self._size = int(state["size"])

@@ -162,18 +162,3 @@ class NStepWindows:
         # Saved as episode lengths, kept as start steps.
         self.episode_start[:] = self.t - state["episode_steps"].cpu().numpy()
         self._last_start = int(self.episode_start.max())
-
-    def load_oldest_first(
-        self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, lengths: np.ndarray
-    ) -> None:
-        """Load windows kept oldest first with their lengths (< n_step), as frame replay
-        checkpoints of earlier releases hold them."""
-        n = self.n_step
-        self.t = n  # any step count >= n: slots are relative
-        for env, k in enumerate(lengths.astype(int)):
-            slots = (self.t - k + np.arange(k)) % n  # oldest .. newest, ending at t - 1
-            self.obs[env, slots] = obs[env, :k]
-            self.actions[env, slots] = actions[env, :k]
-            self.rewards[env, slots] = rewards[env, :k]
-            self.episode_start[env] = self.t - k
-        self._last_start = int(self.episode_start.max())

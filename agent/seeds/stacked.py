@@ -20,6 +20,7 @@ import copy
 import torch
 from torch import nn
 
+from agent.networks import QNetwork
 from agent.noisy import NoisyLinear
 
 __all__ = [
@@ -136,8 +137,8 @@ def stack_networks(networks: list[nn.Module]) -> nn.Module:
             continue
         parent, _, attr = name.rpartition(".")
         setattr(stacked.get_submodule(parent) if parent else stacked, attr, replacement)
-    if hasattr(stacked, "_noisy"):  # QNetwork's list of its noisy layers
-        stacked._noisy = []
+    if isinstance(stacked, QNetwork):  # its noisy layers are stacked ones now
+        stacked.refresh_noisy_layers()
     return stacked
 
 

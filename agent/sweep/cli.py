@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.cli import command
 from agent.errors import UserError
+from agent.invocation import command
 from agent.sweep.driver import check_address, run_sweep
 from agent.sweep.local import check_local, run_local
 from agent.sweep.trials import (
@@ -102,7 +102,7 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
 
     import yaml
 
-    from agent.config import Config, _apply
+    from agent.config import Config, coerce_value
 
     known = [f.name for f in _config_fields(Config)]
     grid: dict[str, list[Any]] = {}
@@ -132,9 +132,7 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
                 value = yaml.safe_load(t)
             except yaml.YAMLError:
                 raise UserError(f"--grid {key}: cannot parse value {t!r}") from None
-            checked: dict[str, Any] = {}
-            _apply({key: value}, "--grid", checked)  # type errors name --grid
-            values.append(checked[key])
+            values.append(coerce_value(key, value, "--grid"))  # type errors name --grid
         if len({json.dumps(v, sort_keys=True) for v in values}) < len(values):
             raise UserError(f"--grid {key}: a value is listed twice in {raw!r}")
         grid[key] = values

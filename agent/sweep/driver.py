@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.cli import command
 from agent.errors import UserError
+from agent.invocation import command
 from agent.sweep.report import format_number, write_summary
 from agent.sweep.trials import DONE, Trial, by_grid_point, read_result, trial_state
 from agent.sweep.worker import run_trials, unpack

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bootstrap_ci", "iqm", "percentiles", "steps_to_solve"]
+__all__ = ["bootstrap_ci", "iqm", "iqm_rows", "percentiles", "steps_to_solve"]
 
 
 def iqm(values: Any) -> float:
@@ -26,7 +26,8 @@ def iqm(values: Any) -> float:
     return float(x[k : x.size - k].mean())
 
 
-def _iqm_rows(samples: np.ndarray) -> np.ndarray:
+def iqm_rows(samples: np.ndarray) -> np.ndarray:
+    """The IQM of each row of ``samples`` (e.g. bootstrap resamples x seeds) at once."""
     n = samples.shape[1]
     k = int(0.25 * n)
     return np.sort(samples, axis=1)[:, k : n - k].mean(axis=1)
@@ -49,7 +50,7 @@ def bootstrap_ci(
         raise ValueError("confidence interval of no values")
     rng = np.random.default_rng(seed)
     samples = x[rng.integers(0, x.size, size=(reps, x.size))]
-    stats = _iqm_rows(samples) if statistic == "iqm" else samples.mean(axis=1)
+    stats = iqm_rows(samples) if statistic == "iqm" else samples.mean(axis=1)
     tail = 100 * (1 - confidence) / 2
     lo, hi = np.percentile(stats, [tail, 100 - tail])
     return float(lo), float(hi)
