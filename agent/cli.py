@@ -172,7 +172,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from agent.checkpoint import load_checkpoint
+    from agent.checkpoint import load_checkpoint, resume_exactness
     from agent.config import config_from_dict
 
     for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
@@ -197,7 +197,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             f"{run_dir} {ended or f'already ran {step} of its {cfg.total_steps} steps'}: "
             f"extend it with --resume {run_dir} --total-steps N, N above {step}"
         )
-    print(f"resuming {run_dir} at step {step}")
+    print(f"resuming {run_dir} at step {step}, saved {resume_exactness(data)}")
     return _run_training(cfg, run_dir, data, progress=not args.no_progress)
 
 
@@ -249,9 +249,11 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
         return EXIT_FAILED
     if result.status == "interrupted":
         name = signal.Signals(result.stop_signal or signal.SIGINT).name
+        how = result.buffer_left_out or "with the replay buffer: the resume is exact"
         print(
             f"interrupted ({name}) at step {result.global_step}; saved "
-            f"{run_dir}/checkpoints/last.pt\nresume with: {command()} --resume {run_dir}"
+            f"{run_dir}/checkpoints/last.pt {how}\n"
+            f"resume with: {command()} --resume {run_dir}"
         )
         # The shell's convention for a process ended by a signal: 130 for Ctrl-C, 143 for
         # SIGTERM, so that schedulers and scripts see why it stopped.

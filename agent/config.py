@@ -114,8 +114,14 @@ class Config:
     copy), ``pinned`` (host memory, batches copied over through pinned staging), or
     ``auto``: the GPU when the buffer fits in a quarter of its free memory, else pinned
     host memory. Frame replay (Atari) stays on the host. On a CPU, the host."""
-    save_buffer: bool = False
-    """Store the replay buffer in checkpoints (needed for an exact resume; can be large)."""
+    save_buffer: bool | Literal["auto"] = "auto"
+    """Keep the replay buffer in ``checkpoints/last.pt``, which makes a resume exact (the
+    run an uninterrupted one would be): ``auto`` when the buffer takes at most 1 GiB at
+    full capacity (classic control, toy text, Box2D, MinAtar and MiniGrid at their
+    defaults; not Atari's 1M frames, 6.7 GiB), ``true`` always, ``false`` never.
+    Without it a resume starts with an empty buffer and waits learning_starts steps while
+    it refills: approximate, and the messages say so. Each seed of a group or a sweep is
+    judged on its own buffer."""
     batch_size: int = 32
     """Transitions per gradient update."""
     learning_starts: int = 500

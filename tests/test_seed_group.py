@@ -121,8 +121,9 @@ def test_seeds_that_stop_early_leave_the_others_unchanged(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("noise", [{}, {"noise_interval": "episode"}], ids=["step", "episode"])
 def test_a_group_resumes_exactly(tmp_path: Path, noise: dict) -> None:
-    """2N steps straight == N, then a resume of the whole group to 2N."""
-    settings = {**noise, "save_buffer": True, "checkpoint_interval": 10_000, "eval_interval": 700}
+    """2N steps straight == N, then a resume of the whole group to 2N (save_buffer at its
+    default, auto, keeps each seed's buffer)."""
+    settings = {**noise, "checkpoint_interval": 10_000, "eval_interval": 700}
     _group(tmp_path / "a", [1, 2], total_steps=2_400, **settings)
     _group(tmp_path / "b", [1, 2], total_steps=1_200, **settings)
     saved = [load_checkpoint(tmp_path / "b" / f"seed_{s}" / "checkpoints" / "last.pt")
@@ -130,6 +131,24 @@ def test_a_group_resumes_exactly(tmp_path: Path, noise: dict) -> None:
     _group(tmp_path / "b", [1, 2], saved, total_steps=2_400, **settings)
     for seed in (1, 2):
         _same_run(tmp_path / "a" / f"seed_{seed}", tmp_path / "b" / f"seed_{seed}")
+
+
+def test_each_seed_of_a_group_keeps_its_buffer_as_it_would_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # save_buffer auto judges each seed's own buffer (CartPole: 52 bytes a transition),
+    # not the group's together: a seed resumes the same alone or in any group.
+    import agent.checkpoint as checkpoint_module
+
+    one_seed = SHORT["buffer_size"] * 52
+    for limit, kept in ((one_seed, True), (one_seed - 1, False)):
+        monkeypatch.setattr(checkpoint_module, "BUFFER_LIMIT", limit)
+        root = tmp_path / str(limit)
+        results = _group(root, [1, 2], total_steps=600)
+        for seed, result in zip((1, 2), results, strict=True):
+            last = load_checkpoint(root / f"seed_{seed}" / "checkpoints" / "last.pt")
+            assert ("replay" in last) is kept
+            assert (result.buffer_left_out is None) is kept
 
 
 def test_what_cannot_train_together_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -287,6 +287,10 @@ def end_sweep(
             f"run the rest with: {command()} --resume {sweep_dir}",
             file=out,
         )
+        results = [read_result(sweep_dir / t.run_dir) or {} for t in trials]
+        notes = [r.get("buffer_left_out") for r in results if r.get("status") == "interrupted"]
+        for note in dict.fromkeys(n for n in notes if n):
+            print(f"note: the interrupted trials' checkpoints/last.pt were saved {note}", file=out)
         return EXIT_TERMINATED if sigterm else EXIT_INTERRUPTED
     if summary["trials_failed"]:
         print(
