@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from agent.errors import UserError
+from agent.usage import command
 
 __all__ = [
     "BUFFER_LIMIT",
@@ -186,22 +187,22 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         path = candidate
     if not path.is_file():
         raise UserError(
-            f"no checkpoint at {path}: give a file written by run.py "
+            f"no checkpoint at {path}: give a file that {command()} wrote "
             "(RUN_DIR/checkpoints/last.pt or best.pt)"
         )
     with path.open("rb") as f:
         is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
     if not is_zip:
         raise UserError(
-            f"{path} is not a checkpoint (not a file torch.save wrote): give a file written by "
-            "run.py (RUN_DIR/checkpoints/last.pt or best.pt)"
+            f"{path} is not a checkpoint (not a file torch.save wrote): give a file that "
+            f"{command()} wrote (RUN_DIR/checkpoints/last.pt or best.pt)"
         )
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise UserError(
             f"{path} holds objects other than tensors and numbers: it is not a Noisy DQN "
-            "checkpoint (only files written by run.py load)"
+            f"checkpoint (only files that {command()} wrote load)"
         ) from None
     except Exception as e:  # a cut or damaged file fails anywhere inside the unpickler
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -211,7 +212,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(
-            f"{path} is not a Noisy DQN checkpoint: give a file written by run.py "
+            f"{path} is not a Noisy DQN checkpoint: give a file that {command()} wrote "
             "(RUN_DIR/checkpoints/last.pt or best.pt)"
         )
     if data.get("version") != VERSION:

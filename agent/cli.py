@@ -21,17 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from agent.usage import command, install_hint
+
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 
 # One BLAS thread for numpy's small matmuls (acting, evaluation), set before numpy is
 # imported: a thread per core is many times slower beside other busy processes.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-def command() -> str:
-    """How the user started us, for the commands our hints print."""
-    return "noisy-dqn" if Path(sys.argv[0]).name == "noisy-dqn" else "python run.py"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--list-config", action="store_true", help="print every config key with its doc and exit"
     )
     sweep = p.add_argument_group(
-        'sweeps (many seeds, hyperparameter grids; on Ray: pip install -e ".[sweep]")'
+        f"sweeps (many seeds, hyperparameter grids; on Ray: {install_hint('sweep')})"
     )
     sweep.add_argument(
         "--seeds",
@@ -114,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--video", metavar="DIR", help="record mp4 files here (needs the video extra)")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the results")
-    ex = p.add_argument_group('export (onnx needs the export extra: pip install -e ".[export]")')
+    ex = p.add_argument_group(f"export (onnx needs the export extra: {install_hint('export')})")
     ex.add_argument(
         "--export",
         metavar="CHECKPOINT",

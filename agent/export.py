@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from agent.errors import UserError
+from agent.usage import install_hint
 from agent.noisy import NoisyLinear, noise_disabled
 
 __all__ = [
@@ -117,7 +118,7 @@ def require_format(fmt: str) -> None:
         except ImportError as e:
             raise UserError(
                 f"--format onnx needs the export extra ({e.name} is missing): "
-                'pip install -e ".[export]"'
+                f"{install_hint('export')}"
             ) from None
 
 

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.cli import command
+from agent.usage import command, install_hint
 from agent.errors import UserError
 from agent.sweep.driver import check_address, run_sweep
 from agent.sweep.local import check_local, run_local
@@ -37,10 +37,6 @@ from agent.sweep.trials import (
 
 __all__ = ["cmd_sweep", "default_sweep_dir", "parse_grid", "parse_seeds"]
 
-INSTALL_HINT = (
-    '--ray-address needs Ray: pip install -e ".[sweep]", or drop --ray-address to train '
-    "the seeds in this process"
-)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -197,7 +193,10 @@ def _require_ray() -> None:
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
-        raise UserError(INSTALL_HINT)
+        raise UserError(
+            f"--ray-address needs Ray: {install_hint('sweep')}, or drop --ray-address to "
+            "train the seeds in this process"
+        )
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

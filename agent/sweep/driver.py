@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.cli import command
+from agent.usage import command
 from agent.errors import UserError
 from agent.sweep.report import format_number, write_summary
 from agent.sweep.trials import DONE, Trial, by_grid_point, read_result, trial_state
