@@ -25,6 +25,7 @@ from agent.usage import command, install_hint
 
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 # One BLAS thread for numpy's small matmuls (acting, evaluation), set before numpy is
 # imported: a thread per core is many times slower beside other busy processes.
@@ -449,7 +450,16 @@ def entry() -> int:
     imported with the collector paused, then :func:`main`."""
     if not {"-h", "--help", "--list-config"} & set(sys.argv):
         _import_torch()
-    code = main()
+    try:
+        try:
+            code = main()
+        finally:
+            sys.stdout.flush()  # a reader that left shows here, not at interpreter exit
+    except BrokenPipeError:
+        # The reader of our output has gone (`noisy-dqn --list-config | head -5`): stop
+        # quietly, with the status of a process that SIGPIPE ended, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     # The process ends here: the collections at interpreter shutdown would walk every
     # object made since (gymnasium, tensorboard, the run's own) for garbage nobody needs.
     gc.freeze()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,8 @@ import torch
 
 from agent import cli
 from agent.evaluate import format_return, json_ready
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Cue-v0 pays 1 per matching action over 5 steps (threshold 4.5): solved within a few
 # thousand steps, so early stop happens well before total_steps.
@@ -188,3 +193,18 @@ def test_run_py_and_the_console_script_start_the_process_the_same_way() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.split() == ["1", "2"], out.stderr
+
+
+def test_output_whose_reader_has_gone_ends_quietly() -> None:
+    # `noisy-dqn --list-config | head -5`: head exits after five lines, and every later
+    # write goes to a pipe with no reader.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "run.py", "--list-config"], cwd=ROOT,
+                             stdout=write_end, stderr=subprocess.PIPE, text=True,
+                             timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert out.stderr == ""
+    assert out.returncode == cli.EXIT_BROKEN_PIPE  # 128 + SIGPIPE, as `seq 9 | head -1`'s seq
