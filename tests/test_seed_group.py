@@ -20,6 +20,7 @@ from agent.learner import NonFiniteError
 from agent.seeds.group import GROUP_KEY, train_group
 from agent.train import TrainResult
 from test_train import SHORT as TRAIN_SHORT
+from test_train import _interrupt_at
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -187,6 +188,31 @@ def test_seeds_without_ray_train_in_this_process_and_summarise(tmp_path: Path) -
     summary = json.loads((sweep / "summary.json").read_text())
     assert summary["trials_done"] == 2
     assert {row["seed"] for row in summary["trials"]} == {1, 2}
+
+
+def test_ctrl_c_on_seeds_summarises_what_is_known_and_how_they_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Stopped before any seed finished: CartPole's target (475) is still known from the
+    # interrupted runs, and nothing blames eval_interval for the missing curves.
+    _interrupt_at(monkeypatch, 700)
+    sweep = tmp_path / "sweep"
+    argv = ["--env", "CartPole-v1", "--seeds", "1-2", "--run-dir", str(sweep), "--no-progress"]
+    settings = {**SHORT, "save_buffer": False}
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    assert cli.main([*argv, *sets]) == 130
+    out = capsys.readouterr().out
+    summary = json.loads((sweep / "summary.json").read_text())
+    (configuration,) = summary["configurations"]
+    assert configuration["done"] == 0 and configuration["not_run"] == 2
+    assert configuration["target_return"] == 475.0
+    assert "eval_interval" not in out
+    # Each seed's last.pt without its buffer: the interruption says the resume is approximate.
+    assert all(
+        "replay" not in load_checkpoint(sweep / f"seed_{s}" / "checkpoints" / "last.pt")
+        for s in (1, 2)
+    )
+    assert "approximate" in out
 
 
 def test_a_grid_point_that_cannot_run_fails_alone(

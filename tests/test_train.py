@@ -658,13 +658,16 @@ def test_update_noise_0_keeps_the_noise_for_acting_only(
 
 
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """Ctrl-C (a SIGINT to this process) while the training loop acts at env step ``step``."""
+    """Ctrl-C (one SIGINT to this process) while the training loop acts at env step ``step``
+    (the first seed to get there, in a group)."""
     from agent.exploration import Exploration
 
     real = Exploration.__call__
+    sent: list[int] = []
 
     def acting(self, actions, global_step):  # type: ignore[no-untyped-def]
-        if global_step == step:
+        if global_step == step and not sent:
+            sent.append(step)
             os.kill(os.getpid(), signal.SIGINT)
         return real(self, actions, global_step)
 
