@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from agent.usage import command, install_hint
@@ -142,6 +143,23 @@ def default_run_dir(env_id: str, seed: int) -> Path:
     return Path("runs") / f"{name}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+# Flags that set a config key, with the least value each takes.
+FLAG_MINIMUM = {"seed": 0, "total_steps": 1, "num_envs": 1}
+
+
+def check_flag_values(args: argparse.Namespace, without_flags: Callable[[], Any]) -> None:
+    """A :class:`UserError` for a flag of :data:`FLAG_MINIMUM` below its least value, naming
+    the flag and the value the config gives without it (``without_flags()``)."""
+    for key, least in FLAG_MINIMUM.items():
+        value = getattr(args, key, None)
+        if value is not None and value < least:
+            flag = "--" + key.replace("_", "-")
+            _user_error(
+                f"{flag} must be at least {least}, got {value}: e.g. {flag} "
+                f"{getattr(without_flags(), key)}, what the config gives without it"
+            )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from agent.config import load_config, parse_set
 
@@ -159,6 +177,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from envs import check_env_id
 
     check_env_id(args.env)
+    check_flag_values(args, lambda: load_config(args.env, args.config, parse_set(args.set)))
     cfg = load_config(args.env, args.config, overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.env, cfg.seed)
     if (run_dir / "checkpoints" / "last.pt").exists():
@@ -179,16 +198,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.set:
         _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
     run_dir = resume_dir(Path(args.resume))
+    if not (run_dir / "checkpoints" / "last.pt").is_file():
+        what = "has no checkpoints/last.pt" if run_dir.is_dir() else "does not exist"
+        _user_error(
+            f"{run_dir} {what}: --resume continues a run directory that {command()} "
+            "wrote (RUN_DIR, or RUN_DIR/checkpoints/last.pt)"
+        )
     data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     if args.env and args.env != data["env_id"]:
         _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
+    step = int(data["counters"]["global_step"])
+    if args.total_steps is not None and args.total_steps <= step:
+        _user_error(
+            f"{run_dir} already ran {step} steps, --total-steps {args.total_steps} is not "
+            f"above them: extend it with --resume {run_dir} --total-steps N, N above {step}"
+        )
     saved = dict(data["config"])
     if args.total_steps is not None:
         saved["total_steps"] = args.total_steps
     if args.device is not None:
         saved["device"] = args.device
     cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
-    step = int(data["counters"]["global_step"])
     ended = _how_it_ended(run_dir, step)
     if step >= cfg.total_steps or (ended and args.total_steps is None):
         _user_error(

@@ -188,16 +188,17 @@ class Config:
     """On CUDA, capture action selection and the learner update as CUDA graphs, each
     replayed every step (false: eager, e.g. where capture misbehaves)."""
 
-    def validate(self) -> Config:
+    def validate(self, defaults: Config | None = None) -> Config:
         """Raise :class:`UserError` on the first invalid value, naming the ``--set`` that
-        fixes it; return self."""
+        fixes it (with the value of ``defaults``: the env's config before the user's
+        files and flags); return self."""
 
         def need(ok: bool, what: str, fix: str) -> None:
             if not ok:
                 raise UserError(f"invalid config: {what}: {fix}")
 
         def default(name: str) -> str:
-            value = getattr(Config(), name)
+            value = getattr(defaults or Config(), name)
             text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
             return f"--set {name}={text}"
 
@@ -469,11 +470,12 @@ def load_config(
     env_file = env_config_file(env_id, config_dir)
     if env_file is not None:
         _apply(_read_yaml(env_file), f"agent/configs/{env_file.name}", values)
+    env_defaults = Config(**{**values, "env_id": env_id})
     if config_file is not None:
         _apply(_read_yaml(Path(config_file)), str(config_file), values)
     _apply(overrides or {}, "--set", values)
     values["env_id"] = env_id
-    return Config(**values).validate()
+    return Config(**values).validate(env_defaults)
 
 
 def config_from_dict(data: dict[str, Any], source: str) -> Config:

@@ -125,6 +125,41 @@ def test_config_errors_name_the_set_that_fixes_them(
     assert fix in line
 
 
+@pytest.mark.parametrize(
+    ("args", "fix"),
+    [  # CartPole-v1's own config trains 50,000 steps (the default config 150,000)
+        (["--total-steps", "-5"], "--total-steps 50000"),
+        (["--total-steps", "0", "--seeds", "2"], "--total-steps 50000"),
+        (["--num-envs", "0"], "--num-envs 1"),
+        (["--seed", "-1"], "--seed 1"),
+        (["--set", "total_steps=-5"], "--set total_steps=50000"),
+    ],
+)
+def test_a_bad_value_is_fixed_where_it_was_given_with_the_envs_own_default(
+    args: list[str], fix: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    code = cli.main(["--env", "CartPole-v1", "--run-dir", str(tmp_path / "r"), *args])
+    line = _one_line_error(code, capsys.readouterr().err)
+    assert line.endswith(fix) or f"{fix}," in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_resume_of_what_holds_no_run_suggests_only_what_resume_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "empty" / "checkpoints" / "best.pt").write_bytes(b"")
+    for path in (tmp_path / "nope", tmp_path / "empty"):
+        line = _one_line_error(cli.main(["--resume", str(path)]), capsys.readouterr().err)
+        assert str(path) in line and "best.pt" not in line  # --resume refuses best.pt
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 1_000, early_stop="false") == 0
+    capsys.readouterr()
+    code = cli.main(["--resume", str(run_dir), "--total-steps", "-5"])
+    line = _one_line_error(code, capsys.readouterr().err)
+    assert "--total-steps N, N above 1000" in line and "--set" not in line
+
+
 def test_a_file_that_torch_did_not_write_is_not_a_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -154,7 +154,8 @@ def default_sweep_dir(env_id: str) -> Path:
 
 
 def _trials_from_args(args: argparse.Namespace) -> tuple[list[Trial], dict[str, Any]]:
-    from agent.config import parse_set
+    from agent.cli import check_flag_values
+    from agent.config import load_config, parse_set
     from envs import check_env_id
 
     if not args.env:
@@ -174,9 +175,8 @@ def _trials_from_args(args: argparse.Namespace) -> tuple[list[Trial], dict[str, 
         if key in overrides:
             raise UserError(f"{key} is both in --grid and set by another flag: drop one")
     check_env_id(args.env)
+    check_flag_values(args, lambda: load_config(args.env, args.config, parse_set(args.set or [])))
     if not seeds:
-        from agent.config import load_config
-
         seeds = [load_config(args.env, args.config, overrides).seed]
     trials = build_trials(args.env, args.config, overrides, seeds, grid)
     definition = {
