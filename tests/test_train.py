@@ -740,6 +740,26 @@ def test_resume_without_the_buffer_waits_for_learning_starts_again(tmp_path: Pat
     assert counters["learning_starts"] == 1_400 and counters["updates_before"] == done.updates
 
 
+def test_a_run_writes_one_events_file_with_its_final_return_at_its_last_step(
+    tmp_path: Path,
+) -> None:
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_000})
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert len(list((tmp_path / "run").rglob("events.out.tfevents.*"))) == 1
+    acc = _events(tmp_path / "run")
+    final = acc.Scalars("eval/final_mean_return")
+    assert [(e.step, e.value) for e in final] == [(1_000, pytest.approx(result.final_eval_return))]
+    # The HPARAMS tab still has the run's config and its final return's tag.
+    content = acc.PluginTagToContent("hparams").values()
+    data = {(d := plugin_data_pb2.HParamsPluginData.FromString(c)).WhichOneof("data"): d
+            for c in content}  # fmt: skip
+    assert data["session_start_info"].session_start_info.hparams["lr"].number_value == cfg.lr
+    metrics = data["experiment"].experiment.metric_infos
+    assert [m.name.tag for m in metrics] == ["eval/final_mean_return"]
+
+
 def test_best_checkpoint_holds_the_policy_only(tmp_path: Path) -> None:
     cfg = load_config("CartPole-v1", overrides={**SHORT, "save_buffer": True})
     train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
