@@ -2,8 +2,8 @@
 evaluate a saved policy, resume an interrupted run.
 
     python run.py --env CartPole-v1                       train with agent/configs/ defaults
-    python run.py --eval RUN/checkpoints/best.pt          on the checkpoint's env (or --env)
-    python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
+    python run.py --eval RUN_DIR                          its best.pt (else last.pt), on its env
+    python run.py --export RUN_DIR [--format onnx|torch]  a deployable policy, from the same
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
     python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   many seeds (agent/sweep/)
 
@@ -103,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="retry a crashed or killed trial N times (default 1)",
     )
     ev = p.add_argument_group("evaluation")
-    ev.add_argument("--eval", metavar="CHECKPOINT", help="evaluate a saved policy (a .pt file)")
+    ev.add_argument(
+        "--eval",
+        metavar="CHECKPOINT",
+        help="evaluate a saved policy: a .pt file, or a run directory (its best.pt, else last.pt)",
+    )
     ev.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (default 10)")
     ev.add_argument(
         "--noise",
@@ -294,7 +298,7 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
     print(
         f"{result.status}: {result.global_step} steps in {result.wall_time_s:.1f} s, {solved}, "
         f"final noise-free return {final_text}\n"
-        f"evaluate with: {command()} --env {cfg.env_id} --eval {run_dir}/checkpoints/last.pt"
+        f"evaluate with: {command()} --eval {run_dir}"
     )
     return 0
 
@@ -308,7 +312,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
-    data, cfg, spec, env_options, q_network = load_policy(args.eval, args.env, args.device)
+    checkpoint = policy_file(args.eval)
+    data, cfg, spec, env_options, q_network = load_policy(checkpoint, args.env, args.device)
     env_id = spec.env_id
     device = next(q_network.parameters()).device
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
@@ -329,7 +334,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(
         f"{env_id}: mean return {format_return(result.mean)} +/- {format_return(result.std)} "
         f"over {args.episodes} "
-        f"episodes (noise {args.noise}, checkpoint {args.eval})"
+        f"episodes (noise {args.noise}, checkpoint {checkpoint})"
     )
     if args.video:
         print(f"videos written to {args.video}")
@@ -346,7 +351,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     "success_rate": result.success_rate,
                     "mean_length": float(result.lengths.mean()),
                     "noise": args.noise,
-                    "checkpoint": str(args.eval),
+                    "checkpoint": str(checkpoint),
                     "trained_steps": int(data["counters"]["global_step"]),
                 })
             )
@@ -358,9 +363,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from agent.export import FORMATS, ExportMismatch, require_format, write_verified
     from envs import make_env
 
-    checkpoint = Path(args.export)
-    if checkpoint.is_dir():  # a run directory: its last.pt, as load_checkpoint reads it
-        checkpoint = checkpoint / "checkpoints" / "last.pt"
+    checkpoint = policy_file(args.export)
     suffixes = {suffix: name for name, suffix in FORMATS.items()}
     fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
     require_format(fmt)  # a missing extra is reported before anything runs
@@ -382,6 +385,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         env.close()
     print(f"wrote {out} ({fmt}), checked against {checkpoint} on {env_id}: {result.summary()}")
     return 0
+
+
+def policy_file(path: str | Path) -> Path:
+    """The checkpoint that ``--eval`` and ``--export`` take for ``path``: a file as it is;
+    for a run directory (or its ``checkpoints/``), its ``best.pt`` (the policy of the best
+    periodic evaluation), else its ``last.pt`` (a run without periodic evaluations), as a
+    printed line says."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    folder = path if path.name == "checkpoints" else path / "checkpoints"
+    best, last = folder / "best.pt", folder / "last.pt"
+    if best.is_file():
+        print(f"checkpoint: {best}, the policy of the run's best periodic evaluation")
+        return best
+    if last.is_file():
+        print(f"checkpoint: {last}, the run's latest policy (no best.pt: it made no "
+              "periodic evaluation)")  # fmt: skip
+        return last
+    _user_error(
+        f"{path} holds no checkpoints/best.pt or last.pt: give a run directory or a "
+        f"checkpoint file that {command()} wrote"
+    )
 
 
 def load_policy(

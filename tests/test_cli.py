@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -158,6 +159,31 @@ def test_resume_of_what_holds_no_run_suggests_only_what_resume_takes(
     code = cli.main(["--resume", str(run_dir), "--total-steps", "-5"])
     line = _one_line_error(code, capsys.readouterr().err)
     assert "--total-steps N, N above 1000" in line and "--set" not in line
+
+
+@pytest.mark.parametrize(
+    ("env_id", "settings", "taken"),
+    [
+        ("CartPole-v1", {"eval_interval": 500, "confirm_episodes": 2}, "best.pt"),
+        # MinAtar evaluates every 50,000 steps: a short run writes no best.pt.
+        ("MinAtar/Breakout-v1", {"learning_starts": 100, "buffer_size": 1_000}, "last.pt"),
+    ],
+)
+def test_the_hint_after_training_works_and_evaluates_the_best_policy_or_the_latest(
+    env_id: str, settings: dict, taken: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    if env_id.startswith("MinAtar/"):
+        pytest.importorskip("minatar")
+    run_dir = tmp_path / "run"
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    assert cli.main(["--env", env_id, "--total-steps", "1000", "--run-dir", str(run_dir),
+                     "--no-progress", "--device", "cpu", *sets]) == 0  # fmt: skip
+    (hint,) = [line for line in capsys.readouterr().out.splitlines() if "evaluate with:" in line]
+    words = shlex.split(hint.split("evaluate with:", 1)[1])
+    argv = words[words.index("--eval"):]
+    assert cli.main([*argv, "--episodes", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["checkpoint"] == str(run_dir / "checkpoints" / taken)
 
 
 def test_a_file_that_torch_did_not_write_is_not_a_checkpoint(
