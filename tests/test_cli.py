@@ -116,32 +116,21 @@ def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
         (["--set", "exploration=noisy", "--set", "noisy_layers=none"], "--set noisy_layers="),
         (["--set", "hidden_sizes=[]"], "--set hidden_sizes="),
         (["--set", "eval_episodes=0"], "--set eval_episodes="),
+        # A flag's value is fixed with the flag; a fix names CartPole-v1's own value
+        # (its config trains 50,000 steps, the default config 150,000).
+        (["--total-steps", "-5"], "--total-steps 50000,"),
+        (["--total-steps", "0", "--seeds", "2"], "--total-steps 50000,"),
+        (["--num-envs", "0"], "--num-envs 1,"),
+        (["--seed", "-1"], "--seed 1,"),
+        (["--set", "total_steps=-5"], "--set total_steps=50000"),
     ],
 )
-def test_config_errors_name_the_set_that_fixes_them(
+def test_config_errors_name_what_fixes_them(
     args: list[str], fix: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     code = cli.main(["--env", "CartPole-v1", "--run-dir", str(tmp_path / "r"), *args])
     line = _one_line_error(code, capsys.readouterr().err)
     assert fix in line
-
-
-@pytest.mark.parametrize(
-    ("args", "fix"),
-    [  # CartPole-v1's own config trains 50,000 steps (the default config 150,000)
-        (["--total-steps", "-5"], "--total-steps 50000"),
-        (["--total-steps", "0", "--seeds", "2"], "--total-steps 50000"),
-        (["--num-envs", "0"], "--num-envs 1"),
-        (["--seed", "-1"], "--seed 1"),
-        (["--set", "total_steps=-5"], "--set total_steps=50000"),
-    ],
-)
-def test_a_bad_value_is_fixed_where_it_was_given_with_the_envs_own_default(
-    args: list[str], fix: str, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    code = cli.main(["--env", "CartPole-v1", "--run-dir", str(tmp_path / "r"), *args])
-    line = _one_line_error(code, capsys.readouterr().err)
-    assert line.endswith(fix) or f"{fix}," in line
     assert not (tmp_path / "r").exists()
 
 
