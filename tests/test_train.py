@@ -428,7 +428,7 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--env", "CartPole-v1", "--config", "/nonexistent.yaml"], "cannot read config"),
         (["--env", "CartPole-v1", "--eval", "/nonexistent.pt"], "no checkpoint at"),
         (["--env", "CartPole-v1", "--total-steps", "ten"], "invalid int value"),
-        (["--resume", "/nonexistent-run"], "no checkpoint at"),
+        (["--resume", "/nonexistent-run"], "/nonexistent-run does not exist"),
         ([], "--env is required"),
     ],
 )
