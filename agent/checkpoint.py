@@ -14,7 +14,8 @@ to their loading and their format version:
     eval_curve               (env steps, mean return) of every periodic evaluation
     rng, sample_generator, explore_rng, selector    every random stream
     envs                     per sub-env episode number and actions so far (exact resume)
-    replay                   the buffer's state dict (optional: ``save_buffer``)
+    replay                   the buffer's state dict, when ``save_buffer`` keeps it
+                             (:func:`keeps_buffer`; without it a resume is approximate)
     wall_time_s              wall seconds of the run so far, every resumed piece included
 
 ``best.pt`` is a policy checkpoint: it is for evaluation, so it never carries the
@@ -40,16 +41,21 @@ import torch
 from torch import nn
 
 from agent.errors import UserError
+from agent.usage import command
 
 __all__ = [
+    "BUFFER_LIMIT",
     "FORMAT",
     "VERSION",
     "CheckpointWriteError",
+    "buffer_left_out",
     "check_compatible",
     "get_rng_state",
+    "keeps_buffer",
     "load_checkpoint",
     "policy_checkpoint",
     "restore_training",
+    "resume_exactness",
     "save_checkpoint",
     "set_rng_state",
     "training_checkpoint",
@@ -57,6 +63,35 @@ __all__ = [
 
 FORMAT = "noisy-dqn-checkpoint"
 VERSION = 1
+
+BUFFER_LIMIT = 1 << 30
+"""``save_buffer: auto`` keeps a replay buffer in ``last.pt`` up to this many bytes at
+full capacity: every default but Atari's 1M frames (6.7 GiB)."""
+
+
+def keeps_buffer(save_buffer: bool | str, nbytes: int) -> bool:
+    """Whether ``last.pt`` holds the replay buffer (an exact resume): ``save_buffer``
+    true, or ``auto`` with the buffer's ``nbytes`` at full capacity within
+    :data:`BUFFER_LIMIT`. Judged per run, so a seed of a group or a sweep keeps its
+    buffer exactly when it would alone."""
+    return save_buffer is True or (save_buffer == "auto" and nbytes <= BUFFER_LIMIT)
+
+
+def buffer_left_out(save_buffer: bool | str, nbytes: int | None = None) -> str:
+    """"without the replay buffer (why): ...", for the messages about a ``last.pt`` saved
+    without it, which say that a resume from it is approximate and why; ``nbytes``: the
+    buffer's size at full capacity, when known."""
+    why = "save_buffer: false"
+    if save_buffer == "auto":
+        size = "" if nbytes is None else f"{nbytes / 2**30:.1f} GiB, "
+        why = (
+            f"{size}over save_buffer auto's {BUFFER_LIMIT / 2**30:.0f} GiB; "
+            "--set save_buffer=true when starting a run keeps it"
+        )
+    return (
+        f"without the replay buffer ({why}): a resume from it is approximate, learning "
+        "pauses for learning_starts steps while the buffer refills"
+    )
 
 
 class CheckpointWriteError(Exception):
@@ -132,6 +167,13 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
+def resume_exactness(data: dict[str, Any]) -> str:
+    """How a resume from the ``last.pt`` ``data`` goes, for the lines that announce it."""
+    if "replay" in data:
+        return "with the replay buffer: exact"
+    return "without the replay buffer: approximate"
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load one of our checkpoints onto the CPU; :class:`UserError` for anything else."""
     path = Path(path)
@@ -145,22 +187,22 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         path = candidate
     if not path.is_file():
         raise UserError(
-            f"no checkpoint at {path}: give a file written by run.py "
+            f"no checkpoint at {path}: give a file that {command()} wrote "
             "(RUN_DIR/checkpoints/last.pt or best.pt)"
         )
     with path.open("rb") as f:
         is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
     if not is_zip:
         raise UserError(
-            f"{path} is not a checkpoint (not a file torch.save wrote): give a file written by "
-            "run.py (RUN_DIR/checkpoints/last.pt or best.pt)"
+            f"{path} is not a checkpoint (not a file torch.save wrote): give a file that "
+            f"{command()} wrote (RUN_DIR/checkpoints/last.pt or best.pt)"
         )
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise UserError(
             f"{path} holds objects other than tensors and numbers: it is not a Noisy DQN "
-            "checkpoint (only files written by run.py load)"
+            f"checkpoint (only files that {command()} wrote load)"
         ) from None
     except Exception as e:  # a cut or damaged file fails anywhere inside the unpickler
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -170,7 +212,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(
-            f"{path} is not a Noisy DQN checkpoint: give a file written by run.py "
+            f"{path} is not a Noisy DQN checkpoint: give a file that {command()} wrote "
             "(RUN_DIR/checkpoints/last.pt or best.pt)"
         )
     if data.get("version") != VERSION:

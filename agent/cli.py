@@ -2,8 +2,8 @@
 evaluate a saved policy, resume an interrupted run.
 
     python run.py --env CartPole-v1                       train with configs/ defaults
-    python run.py --eval RUN/checkpoints/best.pt          on the checkpoint's env (or --env)
-    python run.py --export RUN/checkpoints/best.pt [--format onnx|torch]   a deployable policy
+    python run.py --eval RUN_DIR                          its best.pt (else last.pt), on its env
+    python run.py --export RUN_DIR [--format onnx|torch]  a deployable policy, from the same
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
     python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   many seeds (agent/sweep/)
 
@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent.invocation import command
+from agent.usage import command, install_hint
 
 __all__ = ["build_parser", "entry", "load_policy", "main"]
 
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 # One BLAS thread for numpy's small matmuls (acting, evaluation), set before numpy is
 # imported: a thread per core is many times slower beside other busy processes.
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--list-config", action="store_true", help="print every config key with its doc and exit"
     )
     sweep = p.add_argument_group(
-        'sweeps (many seeds, hyperparameter grids; on Ray: pip install -e ".[sweep]")'
+        f"sweeps (many seeds, hyperparameter grids; on Ray: {install_hint('sweep')})"
     )
     sweep.add_argument(
         "--seeds",
@@ -106,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="retry a crashed or killed trial N times (default 1)",
     )
     ev = p.add_argument_group("evaluation")
-    ev.add_argument("--eval", metavar="CHECKPOINT", help="evaluate a saved policy (a .pt file)")
+    ev.add_argument(
+        "--eval",
+        metavar="CHECKPOINT",
+        help="evaluate a saved policy: a .pt file, or a run directory (its best.pt, else last.pt)",
+    )
     ev.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (default 10)")
     ev.add_argument(
         "--noise",
@@ -116,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--video", metavar="DIR", help="record mp4 files here (needs the video extra)")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the results")
-    ex = p.add_argument_group('export (onnx needs the export extra: pip install -e ".[export]")')
+    ex = p.add_argument_group(f"export (onnx needs the export extra: {install_hint('export')})")
     ex.add_argument(
         "--export",
         metavar="CHECKPOINT",
@@ -146,8 +151,9 @@ def default_run_dir(env_id: str, seed: int) -> Path:
     return Path("runs") / f"{name}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+# Flags that set a config key, with the least value each takes.
 def cmd_train(args: argparse.Namespace) -> int:
-    from agent.config import load_config, parse_set
+    from agent.config import check_flag_values, load_config, parse_set
 
     if not args.env:
         _user_error(f"--env is required to train: e.g. {command()} --env CartPole-v1")
@@ -163,6 +169,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from envs import check_env_id
 
     check_env_id(args.env)
+    check_flag_values(args, lambda: load_config(args.env, args.config, parse_set(args.set)))
     cfg = load_config(args.env, args.config, overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.env, cfg.seed)
     if (run_dir / "checkpoints" / "last.pt").exists():
@@ -174,7 +181,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from agent.checkpoint import load_checkpoint
+    from agent.checkpoint import load_checkpoint, resume_exactness
     from agent.config import config_from_dict
 
     for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
@@ -183,23 +190,34 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.set:
         _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
     run_dir = resume_dir(Path(args.resume))
+    if not (run_dir / "checkpoints" / "last.pt").is_file():
+        what = "has no checkpoints/last.pt" if run_dir.is_dir() else "does not exist"
+        _user_error(
+            f"{run_dir} {what}: --resume continues a run directory that {command()} "
+            "wrote (RUN_DIR, or RUN_DIR/checkpoints/last.pt)"
+        )
     data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     if args.env and args.env != data["env_id"]:
         _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
+    step = int(data["counters"]["global_step"])
+    if args.total_steps is not None and args.total_steps <= step:
+        _user_error(
+            f"{run_dir} already ran {step} steps, --total-steps {args.total_steps} is not "
+            f"above them: extend it with --resume {run_dir} --total-steps N, N above {step}"
+        )
     saved = dict(data["config"])
     if args.total_steps is not None:
         saved["total_steps"] = args.total_steps
     if args.device is not None:
         saved["device"] = args.device
     cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
-    step = int(data["counters"]["global_step"])
     ended = _how_it_ended(run_dir, step)
     if step >= cfg.total_steps or (ended and args.total_steps is None):
         _user_error(
             f"{run_dir} {ended or f'already ran {step} of its {cfg.total_steps} steps'}: "
             f"extend it with --resume {run_dir} --total-steps N, N above {step}"
         )
-    print(f"resuming {run_dir} at step {step}")
+    print(f"resuming {run_dir} at step {step}, saved {resume_exactness(data)}")
     return _run_training(cfg, run_dir, data, progress=not args.no_progress)
 
 
@@ -251,9 +269,11 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
         return EXIT_FAILED
     if result.status == "interrupted":
         name = signal.Signals(result.stop_signal or signal.SIGINT).name
+        how = result.buffer_left_out or "with the replay buffer: the resume is exact"
         print(
             f"interrupted ({name}) at step {result.global_step}; saved "
-            f"{run_dir}/checkpoints/last.pt\nresume with: {command()} --resume {run_dir}"
+            f"{run_dir}/checkpoints/last.pt {how}\n"
+            f"resume with: {command()} --resume {run_dir}"
         )
         # The shell's convention for a process ended by a signal: 130 for Ctrl-C, 143 for
         # SIGTERM, so that schedulers and scripts see why it stopped.
@@ -266,7 +286,7 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
     print(
         f"{result.status}: {result.global_step} steps in {result.wall_time_s:.1f} s, {solved}, "
         f"final noise-free return {final_text}\n"
-        f"evaluate with: {command()} --env {cfg.env_id} --eval {run_dir}/checkpoints/last.pt"
+        f"evaluate with: {command()} --eval {run_dir}"
     )
     return 0
 
@@ -280,7 +300,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
-    data, cfg, spec, env_options, q_network = load_policy(args.eval, args.env, args.device)
+    checkpoint = policy_file(args.eval)
+    data, cfg, spec, env_options, q_network = load_policy(checkpoint, args.env, args.device)
     env_id = spec.env_id
     device = next(q_network.parameters()).device
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
@@ -301,7 +322,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(
         f"{env_id}: mean return {format_return(result.mean)} +/- {format_return(result.std)} "
         f"over {args.episodes} "
-        f"episodes (noise {args.noise}, checkpoint {args.eval})"
+        f"episodes (noise {args.noise}, checkpoint {checkpoint})"
     )
     if args.video:
         print(f"videos written to {args.video}")
@@ -318,7 +339,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     "success_rate": result.success_rate,
                     "mean_length": float(result.lengths.mean()),
                     "noise": args.noise,
-                    "checkpoint": str(args.eval),
+                    "checkpoint": str(checkpoint),
                     "trained_steps": int(data["counters"]["global_step"]),
                 })
             )
@@ -330,9 +351,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from agent.export import FORMATS, ExportMismatch, require_format, write_verified
     from envs import make_env
 
-    checkpoint = Path(args.export)
-    if checkpoint.is_dir():  # a run directory: its last.pt, as load_checkpoint reads it
-        checkpoint = checkpoint / "checkpoints" / "last.pt"
+    checkpoint = policy_file(args.export)
     suffixes = {suffix: name for name, suffix in FORMATS.items()}
     fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
     require_format(fmt)  # a missing extra is reported before anything runs
@@ -354,6 +373,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         env.close()
     print(f"wrote {out} ({fmt}), checked against {checkpoint} on {env_id}: {result.summary()}")
     return 0
+
+
+def policy_file(path: str | Path) -> Path:
+    """The checkpoint that ``--eval`` and ``--export`` take for ``path``: a file as it is;
+    for a run directory (or its ``checkpoints/``), its ``best.pt`` (the policy of the best
+    periodic evaluation), else its ``last.pt`` (a run without periodic evaluations), as a
+    printed line says."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    folder = path if path.name == "checkpoints" else path / "checkpoints"
+    best, last = folder / "best.pt", folder / "last.pt"
+    if best.is_file():
+        print(f"checkpoint: {best}, the policy of the run's best periodic evaluation")
+        return best
+    if last.is_file():
+        print(f"checkpoint: {last}, the run's latest policy (no best.pt: it made no "
+              "periodic evaluation)")  # fmt: skip
+        return last
+    _user_error(
+        f"{path} holds no checkpoints/best.pt or last.pt: give a run directory or a "
+        f"checkpoint file that {command()} wrote"
+    )
 
 
 def load_policy(
@@ -452,7 +494,16 @@ def entry() -> int:
     imported with the collector paused, then :func:`main`."""
     if not {"-h", "--help", "--list-config"} & set(sys.argv):
         _import_torch()
-    code = main()
+    try:
+        try:
+            code = main()
+        finally:
+            sys.stdout.flush()  # a reader that left shows here, not at interpreter exit
+    except BrokenPipeError:
+        # The reader of our output has gone (`noisy-dqn --list-config | head -5`): stop
+        # quietly, with the status of a process that SIGPIPE ended, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     # The process ends here: the collections at interpreter shutdown would walk every
     # object made since (gymnasium, tensorboard, the run's own) for garbage nobody needs.
     gc.freeze()

@@ -19,6 +19,7 @@ import itertools
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +30,9 @@ from agent.errors import UserError
 
 __all__ = [
     "CONFIG_DIR",
+    "FLAG_MINIMUM",
     "Config",
+    "check_flag_values",
     "coerce_value",
     "config_from_dict",
     "config_reference",
@@ -160,8 +163,14 @@ class Config:
     total_steps (Rainbow's 0.4)."""
     priority_eps: float = 1e-6
     """Added to every error that sets a priority, so that none is zero."""
-    save_buffer: bool = False
-    """Store the replay buffer in checkpoints (needed for an exact resume; can be large)."""
+    save_buffer: bool | Literal["auto"] = "auto"
+    """Keep the replay buffer in ``checkpoints/last.pt``, which makes a resume exact (the
+    run an uninterrupted one would be): ``auto`` when the buffer takes at most 1 GiB at
+    full capacity (classic control, toy text, Box2D, MinAtar and MiniGrid at their
+    defaults; not Atari's 1M frames, 6.7 GiB), ``true`` always, ``false`` never.
+    Without it a resume starts with an empty buffer and waits learning_starts steps while
+    it refills: approximate, and the messages say so. Each seed of a group or a sweep is
+    judged on its own buffer."""
     batch_size: int = 32
     """Transitions per gradient update."""
     learning_starts: int = 500
@@ -228,16 +237,17 @@ class Config:
     """On CUDA, capture action selection and the learner update as CUDA graphs, each
     replayed every step (false: eager, e.g. where capture misbehaves)."""
 
-    def validate(self) -> Config:
+    def validate(self, defaults: Config | None = None) -> Config:
         """Raise :class:`UserError` on the first invalid value, naming the ``--set`` that
-        fixes it; return self."""
+        fixes it (with the value of ``defaults``: the env's config before the user's
+        files and flags); return self."""
 
         def need(ok: bool, what: str, fix: str) -> None:
             if not ok:
                 raise UserError(f"invalid config: {what}: {fix}")
 
         def default(name: str) -> str:
-            value = getattr(Config(), name)
+            value = getattr(defaults or Config(), name)
             text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
             return f"--set {name}={text}"
 
@@ -531,6 +541,24 @@ def env_config_file(env_id: str, config_dir: Path = CONFIG_DIR) -> Path | None:
     return family if family is not None and family.is_file() else None
 
 
+# Flags that set a config key, and the least value each takes.
+FLAG_MINIMUM = {"seed": 0, "total_steps": 1, "num_envs": 1}
+
+
+def check_flag_values(args: Any, without_flags: Callable[[], Config]) -> None:
+    """A :class:`UserError` for a flag of :data:`FLAG_MINIMUM` below its least value (an
+    argparse namespace's attributes), naming the flag and the value the config gives
+    without it (``without_flags()``)."""
+    for key, least in FLAG_MINIMUM.items():
+        value = getattr(args, key, None)
+        if value is not None and value < least:
+            flag = "--" + key.replace("_", "-")
+            raise UserError(
+                f"{flag} must be at least {least}, got {value}: e.g. {flag} "
+                f"{getattr(without_flags(), key)}, what the config gives without it"
+            )
+
+
 def presets(config_dir: Path = CONFIG_DIR) -> list[str]:
     """The names of the presets shipped with the package (``--config NAME``)."""
     return sorted(p.stem for p in (config_dir / "presets").glob("*.yaml"))
@@ -565,12 +593,13 @@ def load_config(
     env_file = env_config_file(env_id, config_dir)
     if env_file is not None:
         _apply(_read_yaml(env_file), f"configs/{env_file.name}", values)
+    env_defaults = Config(**{**values, "env_id": env_id})
     if config_file is not None:
         path, source = config_source(config_file, config_dir)
         _apply(_read_yaml(path), source, values)
     _apply(overrides or {}, "--set", values)
     values["env_id"] = env_id
-    return Config(**values).validate()
+    return Config(**values).validate(env_defaults)
 
 
 def config_from_dict(data: dict[str, Any], source: str) -> Config:

@@ -47,6 +47,7 @@ from torch import nn
 
 from agent.errors import UserError
 from agent.networks import QNetwork
+from agent.usage import install_hint
 from agent.noisy import NoisyLinear, noise_disabled
 from agent.values import q_values, support_of
 
@@ -119,7 +120,7 @@ def require_format(fmt: str) -> None:
         except ImportError as e:
             raise UserError(
                 f"--format onnx needs the export extra ({e.name} is missing): "
-                'pip install -e ".[export]"'
+                f"{install_hint('export')}"
             ) from None
 
 

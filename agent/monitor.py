@@ -191,13 +191,20 @@ class Monitor:
         self.bar.set_postfix(postfix, refresh=False)
 
     def hparams(self, config: dict[str, Any], results: dict[str, float]) -> None:
-        """Hyperparameters with the run's results (TensorBoard's HPARAMS tab)."""
+        """Hyperparameters with the run's results (TensorBoard's HPARAMS tab), whose values
+        it reads from the run's own scalars of those tags (logged at their steps).
+
+        Written into the run's events file: ``add_hparams`` would open a second one and log
+        each result again at step 0."""
+        from torch.utils.tensorboard.summary import hparams
+
         flat = {
             k: (v if isinstance(v, (int, float, str, bool)) else str(v))
             for k, v in config.items()
         }
         clean = {k: v for k, v in results.items() if isinstance(v, float) and math.isfinite(v)}
-        self.writer.add_hparams(flat, clean, run_name=".")
+        for summary in hparams(flat, clean):
+            self.writer.file_writer.add_summary(summary)
 
     def close(self) -> None:
         self.bar.close()

@@ -28,6 +28,8 @@ from agent.acting import ActionSelector
 from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.checkpoint import (
     CheckpointWriteError,
+    buffer_left_out,
+    keeps_buffer,
     policy_checkpoint,
     restore_training,
     save_checkpoint,
@@ -97,6 +99,9 @@ class TrainResult:
     ``stacked``: seeds trained together, ``agent/seeds``)."""
     stop_signal: int | None = None
     """The signal that interrupted the run (SIGINT 2, SIGTERM 15), if any."""
+    buffer_left_out: str | None = None
+    """How ``last.pt`` was saved without the replay buffer, so that a resume from it is
+    approximate (:func:`agent.checkpoint.buffer_left_out`), or None: with it, exact."""
 
 
 @dataclass
@@ -360,6 +365,14 @@ class Checkpoints:
         self.run, self.wall_time = run, wall_time
         self.extra: Callable[[], dict[str, Any]] | None = None  # more for last.pt (a group's)
         self.dir = run.run_dir / "checkpoints"
+        replay = run.agent.replay
+        nbytes = replay.capacity * replay.bytes_per_transition
+        self.keeps_buffer = keeps_buffer(run.cfg.save_buffer, nbytes)
+        self.buffer_left_out = (
+            None if self.keeps_buffer else buffer_left_out(run.cfg.save_buffer, nbytes)
+        )
+        """How ``last.pt`` is saved without the replay buffer (:func:`buffer_left_out`),
+        or None where it keeps it."""
 
     def policy(self) -> dict[str, Any]:
         run = self.run
@@ -381,7 +394,7 @@ class Checkpoints:
             self.policy(),
             eval_curve=run.eval_curve,
             episodes=run.episodes.state_dict(obs),
-            replay=run.agent.replay if run.cfg.save_buffer else None,
+            replay=run.agent.replay if self.keeps_buffer else None,
             wall_time_s=self.wall_time(),
             **run.resumable,
         )
@@ -429,7 +442,7 @@ def train(
         cleanup.callback(close_quietly, monitor)  # flushes the events, whatever happens
         status: Literal["finished", "solved", "interrupted"] = "finished"
         n = cfg.num_envs
-        announce(run, echo)
+        announce(run, echo, checkpoints.buffer_left_out)
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         while counters.global_step < cfg.total_steps:
             # --- act: greedy on a noisy net, then the exploration policy on top ---
@@ -543,16 +556,20 @@ def finish_run(
         eval_curve=run.eval_curve,
         stop_signal=stop_signal,
         learner_backend=learner_backend or learner.backend,
+        buffer_left_out=checkpoints.buffer_left_out,
     )
     (run.run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
     return result
 
 
-def announce(run: Run, echo: Any) -> None:
-    """Where the run is, how to watch it, and a random warm-up still ahead."""
+def announce(run: Run, echo: Any, buffer_left_out: str | None = None) -> None:
+    """Where the run is, how to watch it, a ``last.pt`` without the replay buffer
+    (``buffer_left_out``, :class:`Checkpoints`) and a random warm-up still ahead."""
     cfg = run.cfg
     echo(f"run directory: {run.run_dir}")
     echo(f"watch it with: tensorboard --logdir {run.run_dir.parent}")
+    if buffer_left_out is not None:
+        echo(f"checkpoints/last.pt is saved {buffer_left_out}")
     if run.agent.replay.device.type == "cuda":
         where = "GPU memory" if run.ran["replay_storage"] == "device" else "pinned host memory"
         echo(f"replay: {cfg.buffer_size:,} transitions in {where} (replay_storage)")

@@ -35,6 +35,7 @@ import gymnasium as gym
 import numpy as np
 
 from agent.errors import UserError
+from agent.usage import install_hint
 
 __all__ = [
     "FAMILIES",
@@ -90,7 +91,7 @@ def register_family(family: Family) -> None:
     except ImportError as e:
         raise UserError(
             f"{family.name} environments need the {family.extra} extra ({e.name} is missing): "
-            f'pip install -e ".[{family.extra}]"'
+            f"{install_hint(family.extra)}"
         ) from None
 
 

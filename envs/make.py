@@ -66,6 +66,7 @@ import gymnasium as gym
 import numpy as np
 
 from agent.errors import UserError
+from agent.usage import install_hint
 from agent.signals import ignore_stop_signals
 from envs.families import (
     MinAtarEpisodes,
@@ -127,7 +128,7 @@ def _register_atari() -> None:
         ale_py = importlib.import_module("ale_py")
     except ImportError:
         raise UserError(
-            'Atari environments need the atari extra: pip install -e ".[atari]"'
+            f"Atari environments need the atari extra: {install_hint('atari')}"
         ) from None
     gym.register_envs(ale_py)
 
@@ -280,7 +281,7 @@ def make_atari(
     except gym.error.DependencyNotInstalled:
         env.close()
         raise UserError(
-            'Atari preprocessing needs OpenCV: pip install -e ".[atari]" '
+            f"Atari preprocessing needs OpenCV: {install_hint('atari')} "
             "(or pip install opencv-python-headless)"
         ) from None
     return FrameStackObservation(env, ATARI_FRAME_STACK, padding_type="reset")

@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium.wrappers import RecordVideo
 
 from agent.errors import UserError
+from agent.usage import install_hint
 from envs.make import ATARI_FRAME_SKIP, is_atari, make_env
 from envs.wrappers import WrapperSpec
 
@@ -89,7 +90,7 @@ def video_env(
         import moviepy  # noqa: F401  (RecordVideo insists on it)
     except ImportError as e:
         raise UserError(
-            f'--video needs the video extra ({e.name} is missing): pip install -e ".[video]"'
+            f"--video needs the video extra ({e.name} is missing): {install_hint('video')}"
         ) from None
     # rgb_array frames are drawn off-screen: no window, so no display. Without this, SDL
     # (pygame) on a headless machine prints "error: XDG_RUNTIME_DIR is invalid ...".
@@ -108,7 +109,7 @@ def video_env(
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(
             f"--video cannot render {env_id}: {reason}; install the video extra: "
-            'pip install -e ".[video]"'
+            f"{install_hint('video')}"
         ) from None
     # ALE declares 30 fps, but one agent step is frame_skip frames of a 60 Hz console:
     # real time is 60 / frame_skip frames per second.

@@ -21,6 +21,7 @@ from agent.errors import UserError
 from agent.replay.frames import FrameReplayBuffer
 from agent.replay import Batch, ReplayBuffer
 from agent.train import train
+from agent.usage import install_hint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -317,7 +318,7 @@ def test_missing_atari_extra_is_one_line(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and 'pip install -e ".[atari]"' in lines[0], proc.stderr
+    assert len(lines) == 1 and install_hint("atari") in lines[0], proc.stderr
 
 
 def test_ale_preprocessing() -> None:

@@ -237,7 +237,7 @@ def test_the_circle_check_catches_a_lazy_import_through_a_package() -> None:
     sources = project_sources(("agent", "envs"))
     closed = _with(
         sources, "agent.sweep.driver",
-        "from agent.invocation import command\n", "from agent.cli import build_parser\n",
+        "from agent.usage import command\n", "from agent.cli import build_parser\n",
     )  # fmt: skip
     found = circles(import_graph(closed))
     assert len(found) == 1 and {"agent.cli", "agent.sweep", "agent.sweep.driver"} <= set(found[0])

@@ -112,3 +112,38 @@ def test_rng_state_round_trip_through_a_weights_only_file(tmp_path: Path) -> Non
     torch.manual_seed(99)
     ckpt.set_rng_state(ckpt.load_checkpoint(path)["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kept"),
+    [
+        ("CartPole-v1", True),
+        ("Acrobot-v1", True),
+        ("MountainCar-v0", True),
+        ("FrozenLake8x8-v1", True),
+        ("CliffWalking-v1", True),
+        ("Taxi-v4", True),
+        ("MinAtar/Seaquest-v1", True),  # the most MinAtar channels (10)
+        ("MiniGrid-DoorKey-5x5-v0", True),
+        ("ALE/Pong-v5", False),  # 1M frames, 6.7 GiB
+    ],
+)
+def test_save_buffer_auto_keeps_every_default_buffer_but_atari(env_id: str, kept: bool) -> None:
+    import dataclasses
+
+    from agent.config import load_config
+    from agent.train import build_agent
+    from envs import inspect_env
+
+    cfg = load_config(env_id, overrides={"device": "cpu"})
+    try:
+        spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
+    except UserError as e:  # an extra that is not installed
+        pytest.skip(str(e))
+    # The buffer the run would build, at a capacity small enough to allocate here.
+    small = dataclasses.replace(cfg, buffer_size=64)
+    replay = build_agent(small, spec, torch.device("cpu"), eval_envs=1).replay
+    nbytes = cfg.buffer_size * replay.bytes_per_transition
+    assert cfg.save_buffer == "auto"
+    assert ckpt.keeps_buffer(cfg.save_buffer, nbytes) is kept
+    assert ckpt.keeps_buffer(True, nbytes) and not ckpt.keeps_buffer(False, nbytes)

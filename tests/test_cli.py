@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,8 @@ import torch
 
 from agent import cli
 from agent.evaluate import format_return, json_ready
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Cue-v0 pays 1 per matching action over 5 steps (threshold 4.5): solved within a few
 # thousand steps, so early stop happens well before total_steps.
@@ -110,14 +116,63 @@ def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
         (["--set", "exploration=noisy", "--set", "noisy_layers=none"], "--set noisy_layers="),
         (["--set", "hidden_sizes=[]"], "--set hidden_sizes="),
         (["--set", "eval_episodes=0"], "--set eval_episodes="),
+        # A flag's value is fixed with the flag; a fix names CartPole-v1's own value
+        # (its config trains 50,000 steps, the default config 150,000).
+        (["--total-steps", "-5"], "--total-steps 50000,"),
+        (["--total-steps", "0", "--seeds", "2"], "--total-steps 50000,"),
+        (["--num-envs", "0"], "--num-envs 1,"),
+        (["--seed", "-1"], "--seed 1,"),
+        (["--set", "total_steps=-5"], "--set total_steps=50000"),
     ],
 )
-def test_config_errors_name_the_set_that_fixes_them(
+def test_config_errors_name_what_fixes_them(
     args: list[str], fix: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     code = cli.main(["--env", "CartPole-v1", "--run-dir", str(tmp_path / "r"), *args])
     line = _one_line_error(code, capsys.readouterr().err)
     assert fix in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_resume_of_what_holds_no_run_suggests_only_what_resume_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "empty" / "checkpoints" / "best.pt").write_bytes(b"")
+    for path in (tmp_path / "nope", tmp_path / "empty"):
+        line = _one_line_error(cli.main(["--resume", str(path)]), capsys.readouterr().err)
+        assert str(path) in line and "best.pt" not in line  # --resume refuses best.pt
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 1_000, early_stop="false") == 0
+    capsys.readouterr()
+    code = cli.main(["--resume", str(run_dir), "--total-steps", "-5"])
+    line = _one_line_error(code, capsys.readouterr().err)
+    assert "--total-steps N, N above 1000" in line and "--set" not in line
+
+
+@pytest.mark.parametrize(
+    ("env_id", "settings", "taken"),
+    [
+        ("CartPole-v1", {"eval_interval": 500, "confirm_episodes": 2}, "best.pt"),
+        # MinAtar evaluates every 50,000 steps: a short run writes no best.pt.
+        ("MinAtar/Breakout-v1", {"learning_starts": 100, "buffer_size": 1_000}, "last.pt"),
+    ],
+)
+def test_the_hint_after_training_works_and_evaluates_the_best_policy_or_the_latest(
+    env_id: str, settings: dict, taken: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    if env_id.startswith("MinAtar/"):
+        pytest.importorskip("minatar")
+    run_dir = tmp_path / "run"
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    assert cli.main(["--env", env_id, "--total-steps", "1000", "--run-dir", str(run_dir),
+                     "--no-progress", "--device", "cpu", *sets]) == 0  # fmt: skip
+    (hint,) = [line for line in capsys.readouterr().out.splitlines() if "evaluate with:" in line]
+    words = shlex.split(hint.split("evaluate with:", 1)[1])
+    argv = words[words.index("--eval"):]
+    assert cli.main([*argv, "--episodes", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["checkpoint"] == str(run_dir / "checkpoints" / taken)
 
 
 def test_a_file_that_torch_did_not_write_is_not_a_checkpoint(
@@ -188,3 +243,18 @@ def test_run_py_and_the_console_script_start_the_process_the_same_way() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.split() == ["1", "2"], out.stderr
+
+
+def test_output_whose_reader_has_gone_ends_quietly() -> None:
+    # `noisy-dqn --list-config | head -5`: head exits after five lines, and every later
+    # write goes to a pipe with no reader.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "run.py", "--list-config"], cwd=ROOT,
+                             stdout=write_end, stderr=subprocess.PIPE, text=True,
+                             timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert out.stderr == ""
+    assert out.returncode == cli.EXIT_BROKEN_PIPE  # 128 + SIGPIPE, as `seq 9 | head -1`'s seq

@@ -35,6 +35,7 @@ from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, noise_disabled
 from agent.train import build_q_network
 from agent.values import q_values, support_of
+from agent.usage import install_hint
 from conftest import train_checkpoint
 from envs import make_env
 
@@ -312,7 +313,7 @@ def test_missing_export_extra_is_one_line_but_torch_export_needs_none(
     # A fresh install without the extra: importing onnxruntime fails.
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     code = cli.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / "p.onnx")])
-    _one_line_error(code, capsys.readouterr().err, 'pip install -e ".[export]"')
+    _one_line_error(code, capsys.readouterr().err, install_hint("export"))
     assert cli.main(["--export", str(checkpoints["mlp"]), "--out", str(tmp_path / "p.pt2")]) == 0
     capsys.readouterr()
 

@@ -20,6 +20,7 @@ from agent.learner import NonFiniteError
 from agent.seeds.group import GROUP_KEY, train_group
 from agent.train import TrainResult
 from test_train import SHORT as TRAIN_SHORT
+from test_train import _interrupt_at
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,8 +131,9 @@ def test_seeds_that_stop_early_leave_the_others_unchanged(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("noise", [{}, {"noise_interval": "episode"}], ids=["step", "episode"])
 def test_a_group_resumes_exactly(tmp_path: Path, noise: dict) -> None:
-    """2N steps straight == N, then a resume of the whole group to 2N."""
-    settings = {**noise, "save_buffer": True, "checkpoint_interval": 10_000, "eval_interval": 700}
+    """2N steps straight == N, then a resume of the whole group to 2N (save_buffer at its
+    default, auto, keeps each seed's buffer)."""
+    settings = {**noise, "checkpoint_interval": 10_000, "eval_interval": 700}
     _group(tmp_path / "a", [1, 2], total_steps=2_400, **settings)
     _group(tmp_path / "b", [1, 2], total_steps=1_200, **settings)
     saved = [load_checkpoint(tmp_path / "b" / f"seed_{s}" / "checkpoints" / "last.pt")
@@ -139,6 +141,24 @@ def test_a_group_resumes_exactly(tmp_path: Path, noise: dict) -> None:
     _group(tmp_path / "b", [1, 2], saved, total_steps=2_400, **settings)
     for seed in (1, 2):
         _same_run(tmp_path / "a" / f"seed_{seed}", tmp_path / "b" / f"seed_{seed}")
+
+
+def test_each_seed_of_a_group_keeps_its_buffer_as_it_would_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # save_buffer auto judges each seed's own buffer (CartPole: 52 bytes a transition),
+    # not the group's together: a seed resumes the same alone or in any group.
+    import agent.checkpoint as checkpoint_module
+
+    one_seed = SHORT["buffer_size"] * 52
+    for limit, kept in ((one_seed, True), (one_seed - 1, False)):
+        monkeypatch.setattr(checkpoint_module, "BUFFER_LIMIT", limit)
+        root = tmp_path / str(limit)
+        results = _group(root, [1, 2], total_steps=600)
+        for seed, result in zip((1, 2), results, strict=True):
+            last = load_checkpoint(root / f"seed_{seed}" / "checkpoints" / "last.pt")
+            assert ("replay" in last) is kept
+            assert (result.buffer_left_out is None) is kept
 
 
 def test_what_cannot_train_together_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -177,6 +197,31 @@ def test_seeds_without_ray_train_in_this_process_and_summarise(tmp_path: Path) -
     summary = json.loads((sweep / "summary.json").read_text())
     assert summary["trials_done"] == 2
     assert {row["seed"] for row in summary["trials"]} == {1, 2}
+
+
+def test_ctrl_c_on_seeds_summarises_what_is_known_and_how_they_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Stopped before any seed finished: CartPole's target (475) is still known from the
+    # interrupted runs, and nothing blames eval_interval for the missing curves.
+    _interrupt_at(monkeypatch, 700)
+    sweep = tmp_path / "sweep"
+    argv = ["--env", "CartPole-v1", "--seeds", "1-2", "--run-dir", str(sweep), "--no-progress"]
+    settings = {**SHORT, "save_buffer": False}
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    assert cli.main([*argv, *sets]) == 130
+    out = capsys.readouterr().out
+    summary = json.loads((sweep / "summary.json").read_text())
+    (configuration,) = summary["configurations"]
+    assert configuration["done"] == 0 and configuration["not_run"] == 2
+    assert configuration["target_return"] == 475.0
+    assert "eval_interval" not in out
+    # Each seed's last.pt without its buffer: the interruption says the resume is approximate.
+    assert all(
+        "replay" not in load_checkpoint(sweep / f"seed_{s}" / "checkpoints" / "last.pt")
+        for s in (1, 2)
+    )
+    assert "approximate" in out
 
 
 def test_a_grid_point_that_cannot_run_fails_alone(

@@ -12,6 +12,7 @@ from sweep_helpers import fake_sweep
 from agent import cli
 from agent.errors import UserError
 from agent.sweep.cli import parse_grid, parse_seeds
+from agent.usage import install_hint
 
 
 def test_parse_seeds_count_range_and_list() -> None:
@@ -106,7 +107,7 @@ def test_cli_without_ray_says_how_to_install(
     argv = ["--env", "CartPole-v1", "--seeds", "3", "--run-dir", str(tmp_path / "s")]
     code = cli.main([*argv, "--ray-address", "local"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and 'pip install -e ".[sweep]"' in err
+    assert code == 2 and err.count("\n") == 1 and install_hint("sweep") in err
     assert not (tmp_path / "s").exists()
 
 

@@ -440,7 +440,7 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--env", "CartPole-v1", "--set", "priority_beta=1.5"], "priority_beta must be in"),
         (["--env", "CartPole-v1", "--eval", "/nonexistent.pt"], "no checkpoint at"),
         (["--env", "CartPole-v1", "--total-steps", "ten"], "invalid int value"),
-        (["--resume", "/nonexistent-run"], "no checkpoint at"),
+        (["--resume", "/nonexistent-run"], "/nonexistent-run does not exist"),
         ([], "--env is required"),
     ],
 )
@@ -669,20 +669,107 @@ def test_update_noise_0_keeps_the_noise_for_acting_only(
     assert max(e.value for e in disagreement) > 0
 
 
+def _interrupt_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """Ctrl-C (one SIGINT to this process) while the training loop acts at env step ``step``
+    (the first seed to get there, in a group)."""
+    from agent.exploration import Exploration
+
+    real = Exploration.__call__
+    sent: list[int] = []
+
+    def acting(self, actions, global_step):  # type: ignore[no-untyped-def]
+        if global_step == step and not sent:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, actions, global_step)
+
+    monkeypatch.setattr(Exploration, "__call__", acting)
+
+
+def test_ctrl_c_and_resume_give_the_uninterrupted_run_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default config (save_buffer auto) keeps CartPole's buffer in last.pt: stopped
+    mid-episode and resumed, the run is the one that never stopped, to the bit."""
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 2_400,
+                                                "eval_interval": 700})  # fmt: skip
+    straight = train(cfg, tmp_path / "a", progress=False, echo=lambda _: None)
+
+    _interrupt_at(monkeypatch, 1_237)
+    stopped = train(cfg, tmp_path / "b", progress=False, echo=lambda _: None)
+    monkeypatch.undo()
+    assert stopped.status == "interrupted" and stopped.global_step == 1_238
+    assert stopped.buffer_left_out is None
+    data = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    resumed = train(cfg, tmp_path / "b", checkpoint=data, progress=False, echo=lambda _: None)
+
+    assert resumed.eval_curve == straight.eval_curve and len(straight.eval_curve) == 3
+    assert resumed.updates == straight.updates
+    assert resumed.final_eval_return == straight.final_eval_return
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    for part in ("q_network", "target_network"):
+        for key in a[part]:
+            assert torch.equal(a[part][key], b[part][key]), (part, key)
+    assert a["counters"] == b["counters"]
+    assert _returns(tmp_path / "a") == _returns(tmp_path / "b")
+
+
+def test_a_buffer_over_the_auto_limit_is_left_out_and_the_result_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # save_buffer auto keeps a buffer up to BUFFER_LIMIT bytes: CartPole's 5,000 transitions
+    # of 52 bytes fit a limit of their size exactly, and not one byte less.
+    import agent.checkpoint as checkpoint_module
+
+    size = 5_000 * (2 * 4 * 4 + 8 + 3 * 4)
+    for limit, kept in ((size, True), (size - 1, False)):
+        monkeypatch.setattr(checkpoint_module, "BUFFER_LIMIT", limit)
+        run_dir = tmp_path / str(limit)
+        cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 600})
+        result = train(cfg, run_dir, progress=False, echo=lambda _: None)
+        assert ("replay" in load_checkpoint(run_dir / "checkpoints" / "last.pt")) is kept
+        assert (result.buffer_left_out is None) is kept
+        saved = json.loads((run_dir / "result.json").read_text())
+        assert saved["buffer_left_out"] == result.buffer_left_out
+
+
 def test_resume_without_the_buffer_waits_for_learning_starts_again(tmp_path: Path) -> None:
-    # save_buffer: false (the default): the buffer restarts empty, so learning restarts
+    # save_buffer: false: the buffer restarts empty, so learning restarts
     # learning_starts steps after the resume instead of catching up on a few transitions.
-    first = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_200})
+    unsaved = {**SHORT, "save_buffer": False}
+    first = load_config("CartPole-v1", overrides={**unsaved, "total_steps": 1_200})
     done = train(first, tmp_path / "run", progress=False, echo=lambda _: None)
     assert done.updates == (1_200 - 200) // 2 + 1
+    assert done.buffer_left_out is not None  # result.json says the resume is approximate
     data = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert "replay" not in data
-    second = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 2_000})
+    second = load_config("CartPole-v1", overrides={**unsaved, "total_steps": 2_000})
     resumed = train(second, tmp_path / "run", checkpoint=data, progress=False, echo=lambda _: None)
     # Learning restarts at step 1,200 + 200: one update per 2 steps from there.
     assert resumed.updates == done.updates + (2_000 - 1_400) // 2 + 1
     counters = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["counters"]
     assert counters["learning_starts"] == 1_400 and counters["updates_before"] == done.updates
+
+
+def test_a_run_writes_one_events_file_with_its_final_return_at_its_last_step(
+    tmp_path: Path,
+) -> None:
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_000})
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert len(list((tmp_path / "run").rglob("events.out.tfevents.*"))) == 1
+    acc = _events(tmp_path / "run")
+    final = acc.Scalars("eval/final_mean_return")
+    assert [(e.step, e.value) for e in final] == [(1_000, pytest.approx(result.final_eval_return))]
+    # The HPARAMS tab still has the run's config and its final return's tag.
+    content = acc.PluginTagToContent("hparams").values()
+    data = {(d := plugin_data_pb2.HParamsPluginData.FromString(c)).WhichOneof("data"): d
+            for c in content}  # fmt: skip
+    assert data["session_start_info"].session_start_info.hparams["lr"].number_value == cfg.lr
+    metrics = data["experiment"].experiment.metric_infos
+    assert [m.name.tag for m in metrics] == ["eval/final_mean_return"]
 
 
 def test_best_checkpoint_holds_the_policy_only(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from agent import cli
+from agent.usage import install_hint
 from conftest import train_checkpoint
 from envs import episode_seed, make_env
 
@@ -133,7 +134,7 @@ def test_missing_renderer_is_one_line_naming_the_video_extra(
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "pygame" in lines[0] and 'pip install -e ".[video]"' in lines[0]
+    assert "pygame" in lines[0] and install_hint("video") in lines[0]
     assert not video_dir.exists()  # failed before writing anything
 
 
@@ -150,7 +151,7 @@ def test_missing_moviepy_is_one_line_naming_the_video_extra(
     )
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1
-    assert 'pip install -e ".[video]"' in lines[0]
+    assert install_hint("video") in lines[0]
 
 
 def test_unwritable_video_directory_is_one_line(

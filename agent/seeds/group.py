@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from agent.checkpoint import resume_exactness
 from agent.config import Config
 from agent.errors import UserError
 from agent.evaluate import Evaluator
@@ -273,9 +274,13 @@ def train_group(
         where = Path(run_dirs[0]).parent
         echo(f"{len(seeds)} seeds in one process, networks stacked: run directories in {where}")
         echo(f"watch them with: tensorboard --logdir {where}")
+        left_out = seeds[0].checkpoints.buffer_left_out  # one config: the same for every seed
+        if left_out is not None:
+            echo(f"each seed's checkpoints/last.pt is saved {left_out}")
         step = seeds[0].run.counters.global_step
         if step:
-            echo(f"resuming {len(seeds)} seeds at step {step:,}")
+            how = resume_exactness(checkpoints[0] or {})
+            echo(f"resuming {len(seeds)} seeds at step {step:,}, saved {how}")
 
         def end(seed: Seed, outcome: TrainResult | BaseException) -> None:
             results[index[id(seed)]] = outcome

@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agent.usage import command, install_hint
 from agent.errors import UserError
-from agent.invocation import command
 from agent.sweep.driver import check_address, run_sweep
 from agent.sweep.local import check_local, run_local
 from agent.sweep.trials import (
@@ -37,10 +37,6 @@ from agent.sweep.trials import (
 
 __all__ = ["cmd_sweep", "default_sweep_dir", "parse_grid", "parse_seeds"]
 
-INSTALL_HINT = (
-    '--ray-address needs Ray: pip install -e ".[sweep]", or drop --ray-address to train '
-    "the seeds in this process"
-)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -156,7 +152,7 @@ def default_sweep_dir(env_id: str) -> Path:
 
 
 def _trials_from_args(args: argparse.Namespace) -> tuple[list[Trial], dict[str, Any]]:
-    from agent.config import parse_set
+    from agent.config import check_flag_values, load_config, parse_set
     from envs import check_env_id
 
     if not args.env:
@@ -176,9 +172,8 @@ def _trials_from_args(args: argparse.Namespace) -> tuple[list[Trial], dict[str, 
         if key in overrides:
             raise UserError(f"{key} is both in --grid and set by another flag: drop one")
     check_env_id(args.env)
+    check_flag_values(args, lambda: load_config(args.env, args.config, parse_set(args.set or [])))
     if not seeds:
-        from agent.config import load_config
-
         seeds = [load_config(args.env, args.config, overrides).seed]
     trials = build_trials(args.env, args.config, overrides, seeds, grid)
     definition = {
@@ -195,7 +190,10 @@ def _require_ray() -> None:
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
-        raise UserError(INSTALL_HINT)
+        raise UserError(
+            f"--ray-address needs Ray: {install_hint('sweep')}, or drop --ray-address to "
+            "train the seeds in this process"
+        )
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

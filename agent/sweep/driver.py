@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.usage import command
 from agent.errors import UserError
-from agent.invocation import command
 from agent.sweep.report import format_number, write_summary
 from agent.sweep.trials import DONE, Trial, by_grid_point, read_result, trial_state
 from agent.sweep.worker import run_trials, unpack
@@ -287,6 +287,10 @@ def end_sweep(
             f"run the rest with: {command()} --resume {sweep_dir}",
             file=out,
         )
+        results = [read_result(sweep_dir / t.run_dir) or {} for t in trials]
+        notes = [r.get("buffer_left_out") for r in results if r.get("status") == "interrupted"]
+        for note in dict.fromkeys(n for n in notes if n):
+            print(f"note: the interrupted trials' checkpoints/last.pt were saved {note}", file=out)
         return EXIT_TERMINATED if sigterm else EXIT_INTERRUPTED
     if summary["trials_failed"]:
         print(

@@ -115,10 +115,15 @@ def _one_by_one(
     progress: bool,
     out: Any,
 ) -> int | None:
+    from agent.checkpoint import resume_exactness
     from agent.learner import NonFiniteError
     from agent.train import train
 
     for t, cfg, run_dir, checkpoint in zip(group, cfgs, dirs, checkpoints, strict=True):
+        if checkpoint is not None:
+            step = int(checkpoint["counters"]["global_step"])
+            how = resume_exactness(checkpoint)
+            print(f"resuming {t.name} at step {step:,}, saved {how}", file=out, flush=True)
         try:
             result = train(cfg, run_dir, checkpoint=checkpoint, progress=progress,
                            echo=lambda _: None)  # fmt: skip

@@ -18,6 +18,7 @@ import numpy as np
 
 from agent.sweep.stats import bootstrap_ci, iqm, percentiles, steps_to_solve
 from agent.sweep.trials import Trial, read_result, trial_state
+from agent.usage import install_hint
 
 __all__ = ["format_number", "format_summary", "plot_curves", "summarize", "write_summary"]
 
@@ -30,7 +31,7 @@ def summarize(
     for t in trials:
         run_dir = sweep_dir / t.run_dir
         state = trial_state(sweep_dir, t)
-        result = read_result(run_dir) if state == "done" else None
+        result = read_result(run_dir)
         row: dict[str, Any] = {
             "name": t.name,
             "configuration": t.label,
@@ -38,12 +39,13 @@ def summarize(
             "seed": t.seed,
             "run_dir": t.run_dir,
             "state": state,
+            # An interrupted run's result.json knows the env's target too.
+            "target_return": (result or t.config).get("target_return"),
         }
-        if result is not None:
+        if result is not None and state == "done":
             row.update(
                 status=result["status"],
                 global_step=result["global_step"],
-                target_return=result.get("target_return"),
                 solved_step=result.get("solved_step"),
                 steps_to_solve=steps_to_solve(result),
                 final_eval_return=result.get("final_eval_return"),
@@ -59,7 +61,7 @@ def summarize(
     for label in dict.fromkeys(t.label for t in trials):
         mine = [r for r in rows if r["configuration"] == label]
         done = [r for r in mine if r["state"] == "done"]
-        targets = {r["target_return"] for r in done}
+        targets = {r["target_return"] for r in mine} - {None}
         target = targets.pop() if len(targets) == 1 else None
         finals = [r["final_eval_return"] for r in done if r["final_eval_return"] is not None]
         solved_steps = [r["steps_to_solve"] for r in done if r["steps_to_solve"] is not None]
@@ -140,7 +142,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for c in summary["configurations"]:
-        if c["solved"] is None:
+        if c["done"] == 0:
+            solved = f"none finished (of {c['seeds']})"
+        elif c["solved"] is None:
             solved = "n/a (no target)"
         else:
             solved = f"{c['solved']}/{c['done']}" + (
@@ -183,13 +187,15 @@ def plot_curves(summary: dict[str, Any], path: Path) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return 'note: no eval_curves.png (needs matplotlib: pip install -e ".[bench]")'
+        return f"note: no eval_curves.png (needs matplotlib: {install_hint('bench')})"
     curves: dict[str, list[list[tuple[int, float]]]] = {}
     for r in summary["trials"]:
         if r["state"] == "done" and r.get("eval_curve"):
             curves.setdefault(r["configuration"], []).append(r["eval_curve"])
     if not curves:
-        return "note: no eval_curves.png (no periodic evaluations: eval_interval is 0?)"
+        finished = any(r["state"] == "done" for r in summary["trials"])
+        why = "no finished trial evaluated periodically" if finished else "no trial finished"
+        return f"note: no eval_curves.png ({why})"
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, seed_curves in curves.items():
         steps = np.array(sorted({int(s) for c in seed_curves for s, _ in c}))
