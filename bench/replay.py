@@ -4,6 +4,8 @@
     python -m bench.replay --quick    # short run, smaller rings
 
 Two observation kinds: CartPole-sized (4,) float32 and Atari-sized (4, 84, 84) uint8.
+Then prioritized replay on a full CartPole-sized ring: a sample by priority (the sum
+tree, importance weights) against a uniform one, a priority update and an add.
 For each it reports
 
 * add: transitions stored per second, one ``add`` per vector-env step (num_envs 1 and
@@ -257,6 +259,52 @@ def bench_kind(
     return rows
 
 
+def bench_prioritized(capacity: int, quick: bool, repeats: int) -> list[tuple[str, ...]]:
+    """Rows (operation, prioritized, uniform, ratio): a full CartPole-sized ring of
+    ``capacity`` sampled by priority (sum tree, importance weights) and uniformly, and
+    the priority update of a batch, in one interleaved run."""
+    rng = np.random.default_rng(1)
+    cpu = torch.device("cpu")
+    pool = steps_pool((4,), 8, rng)
+    uniform = ReplayBuffer(capacity, (4,), np.float32, device=cpu, num_envs=8)
+    prioritized = ReplayBuffer(capacity, (4,), np.float32, device=cpu, num_envs=8, alpha=0.5)
+    for buffer in (uniform, prioritized):
+        fill(buffer, pool)
+    # Priorities spread over five orders of magnitude, as after some learning.
+    everything = torch.arange(capacity)
+    prioritized.update_priorities(everything, torch.from_numpy(10 ** rng.uniform(-4, 1, capacity)))
+    gen = torch.Generator().manual_seed(0)
+    calls = 2000 if quick else 20000
+    rows = []
+    for batch in (32, 128):
+        t = interleaved(
+            {"prioritized": lambda b=batch: prioritized.sample(b, gen, beta=0.4),
+             "uniform": sampler(uniform, batch, gen)},
+            calls, repeats, lambda: None,
+        )  # fmt: skip
+        rows.append((f"sample, batch={batch}", f"{t['prioritized'] * 1e6:.1f} µs",
+                     f"{t['uniform'] * 1e6:.1f} µs",
+                     f"{t['prioritized'] / t['uniform']:.1f}x"))  # fmt: skip
+        slots = torch.from_numpy(rng.integers(0, capacity, batch))
+        errors = torch.rand(batch)
+        t = interleaved(
+            {"update": lambda s=slots, e=errors: prioritized.update_priorities(s, e)},
+            calls, repeats, lambda: None,
+        )  # fmt: skip
+        rows.append((f"update_priorities, batch={batch}", f"{t['update'] * 1e6:.1f} µs", "", ""))
+    # One env step's add, the new transitions entering the tree at the largest priority.
+    step_pool = steps_pool((4,), 1, rng)
+    adds = {
+        "prioritized": adder(ReplayBuffer(capacity, (4,), np.float32, device=cpu, alpha=0.5),
+                             step_pool),
+        "uniform": adder(ReplayBuffer(capacity, (4,), np.float32, device=cpu), step_pool),
+    }  # fmt: skip
+    t = interleaved(adds, calls, repeats, lambda: None)
+    rows.append(("add, num_envs=1", f"{t['prioritized'] * 1e6:.1f} µs",
+                 f"{t['uniform'] * 1e6:.1f} µs", f"{t['prioritized'] / t['uniform']:.1f}x"))
+    return rows
+
+
 def bench_cuda(
     name: str,
     obs_shape: tuple[int, ...],
@@ -336,6 +384,11 @@ def main() -> None:
     header = ("obs", "operation", "ReplayBuffer", "per call", "numpy ring", "per call", "speed-up")
     print(f"\nCPU (capacity: CartPole {cartpole_cap}, Atari {atari_cap})\n")
     print(table(header, rows))
+
+    print(f"\nPrioritized replay (alpha 0.5, sum tree) against uniform, CartPole-sized, "
+          f"a full ring of {cartpole_cap}\n")
+    print(table(("operation", "prioritized", "uniform", "cost"),
+                bench_prioritized(cartpole_cap, args.quick, repeats)))  # fmt: skip
 
     if torch.cuda.is_available():
         cuda_rows = []

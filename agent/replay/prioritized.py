@@ -16,15 +16,16 @@ copy into pinned memory; the priorities are written into the tree before the nex
 ``store``, ``drop``, ``sample`` or ``state_dict`` (by then the copy has long finished:
 acting reads its actions after the update on the same stream).
 
-The tree is numpy, float64, ``branching`` children per node (64: three levels for 100k
+The tree is numpy, float64, with up to 64 children per node (three levels for 100k
 slots), so that a batch is found with a few vectorised numpy calls per level rather than
-one per binary level. Parent sums are recomputed from their children on every write,
-never adjusted by differences, so rounding errors cannot accumulate over millions of
-updates.
+a few per binary level (17 for 100k slots). Parent sums are recomputed from their
+children on every write, never adjusted by differences, so rounding errors cannot
+accumulate over millions of updates.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -44,12 +45,17 @@ class SumTree:
 
     ``set`` writes many leaves at once; ``find`` maps many prefix-sum targets at once to
     the leaves whose interval ``[prefix(i), prefix(i) + value(i))`` holds them, and never
-    to a leaf of value zero.
+    to a leaf of value zero. ``branching``: children per node; by default the fewest
+    levels with at most 64 children each, the children as few as that allows (47 for
+    100k leaves, three levels), since a level costs a few numpy calls over B x children.
     """
 
-    def __init__(self, capacity: int, branching: int = 64) -> None:
+    def __init__(self, capacity: int, branching: int | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if branching is None:
+            depth = max(1, math.ceil(math.log(capacity) / math.log(64) - 1e-9))
+            branching = max(2, math.ceil(capacity ** (1.0 / depth) - 1e-9))
         if branching < 2:
             raise ValueError(f"branching must be >= 2, got {branching}")
         self.capacity = capacity
@@ -59,7 +65,7 @@ class SumTree:
             depth += 1
         # levels[0]: the root's children; levels[-1]: the leaves (padded with zeros).
         self.levels = [np.zeros(branching ** (d + 1)) for d in range(depth)]
-        self._children = np.arange(branching)
+        self._room: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def leaves(self) -> np.ndarray:
@@ -77,28 +83,49 @@ class SumTree:
             return
         self.levels[-1][indices] = values
         k = self.branching
-        nodes = np.unique(indices // k)
+        nodes = indices // k  # repeats are harmless: each writes the same sum
         for depth in range(len(self.levels) - 2, -1, -1):
-            below = self.levels[depth + 1]
-            self.levels[depth][nodes] = below[(nodes * k)[:, None] + self._children].sum(axis=1)
-            nodes = np.unique(nodes // k)
+            # A parent is its children's sum, recomputed whole: never adjusted by
+            # differences, whose rounding errors would add up over millions of writes.
+            self.levels[depth][nodes] = self.levels[depth + 1].reshape(-1, k)[nodes].sum(axis=1)
+            nodes //= k
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """For each target in ``[0, total)``, the leaf whose interval holds it (int64)."""
-        k = self.branching
-        rows = np.arange(len(targets))
-        node = np.zeros(len(targets), dtype=np.int64)
-        left = np.array(targets, dtype=np.float64)  # what remains of each target
-        for level in self.levels:
-            children = level[(node * k)[:, None] + self._children]  # (B, K)
-            sums = np.cumsum(children, axis=1)
-            j = (left[:, None] >= sums).sum(axis=1)
-            # Rounding can carry a target past the last child with mass: take that child.
-            last = k - 1 - np.argmax(children[:, ::-1] > 0, axis=1)
-            j = np.minimum(j, last)
-            left -= np.where(j > 0, sums[rows, j - 1], 0.0)
-            node = node * k + j
+        k, batch = self.branching, len(targets)
+        prefix, starts, ends = self._scratch(batch)
+        # prefix[1 + r*k + c]: the sum of row r's children up to and including c, all rows
+        # of a level laid end to end, so one cumsum and one searchsorted serve the batch.
+        self.levels[0].cumsum(out=prefix[1 : k + 1])
+        # (A target that rounding carried past the last child takes the last: see below.)
+        node = np.minimum(prefix[: k + 1].searchsorted(targets, side="right") - 1, k - 1)
+        left = targets - prefix[node]  # what remains of each target inside its node
+        for level in self.levels[1:]:
+            level.reshape(-1, k)[node].ravel().cumsum(out=prefix[1:])
+            absolute = prefix[starts] + left
+            child = np.minimum(prefix.searchsorted(absolute, side="right"), ends) - 1
+            left = absolute - prefix[child]
+            node = node * k + (child - starts)
+        empty = self.levels[-1][node] == 0
+        if empty.any():  # a target carried past its node's last leaf with mass
+            node[empty] = self._last_with_mass(node[empty])
         return node
+
+    def _scratch(self, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(prefix room, each row's first index, each row's end) for a batch, kept."""
+        if self._room is None or len(self._room[1]) != batch:
+            starts = np.arange(batch) * self.branching
+            self._room = (np.zeros(batch * self.branching + 1), starts, starts + self.branching)
+        return self._room
+
+    def _last_with_mass(self, leaves: np.ndarray) -> np.ndarray:
+        """For leaves of value zero, the nearest leaf with mass before them (else after)."""
+        values = self.levels[-1]
+        out = leaves.copy()
+        for i, leaf in enumerate(leaves):
+            before = np.flatnonzero(values[:leaf] > 0)
+            out[i] = before[-1] if len(before) else leaf + np.flatnonzero(values[leaf:] > 0)[0]
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"leaves": torch.from_numpy(self.leaves.copy())}
