@@ -1011,3 +1011,24 @@ def test_the_rainbow_preset_trains_every_component_and_each_is_one_key(tmp_path:
     assert head.shape[0] == 2 * cfg.num_atoms  # CartPole's 2 actions, an atom each
     ablated = load_config("CartPole-v1", "rainbow", overrides={"prioritized_replay": False})
     assert not ablated.prioritized_replay and ablated.distributional
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("storage", ["device", "pinned"])
+def test_on_cuda_rainbow_trains_with_the_captured_update_as_eagerly(
+    tmp_path: Path, storage: str
+) -> None:
+    """C51 and importance weights inside the CUDA graph; priorities read back without a
+    host sync in the update; GPU-resident and pinned replay alike."""
+    results = {}
+    for capture in (False, True):
+        cfg = load_config("CartPole-v1", "rainbow", overrides={
+            **SHORT, "device": "cuda", "total_steps": 1_500, "capture_graph": capture,
+            "replay_storage": storage})  # fmt: skip
+        train(cfg, tmp_path / str(capture), progress=False, echo=lambda _: None)
+        results[capture] = load_checkpoint(tmp_path / str(capture) / "checkpoints" / "last.pt")
+    for key, value in results[False]["q_network"].items():
+        torch.testing.assert_close(results[True]["q_network"][key], value, rtol=1e-4, atol=1e-5)
+    leaves = results[True]["replay"]["priorities"]["leaves"]
+    assert leaves.max() > leaves[leaves > 0].min()  # priorities were learned, not all max
