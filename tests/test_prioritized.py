@@ -268,3 +268,15 @@ def test_cuda_errors_reach_the_tree_without_a_host_read_in_update(storage: str) 
     buf.update_priorities(batch.indices, errors)  # enqueued, read at the next sample
     buf.sample(8, torch.Generator().manual_seed(1))
     assert buf.priorities.max_priority == pytest.approx(7.0, rel=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_many_cuda_updates_before_a_sample_are_all_applied_in_order() -> None:
+    sampler = PrioritizedSampler(8, alpha=1.0, eps=1e-9)
+    sampler.store(np.arange(8))
+    for value in range(1, 6):  # more updates in flight than staging sets
+        sampler.update(np.array([value % 8]), torch.tensor([float(value)], device="cuda"))
+    sampler.update(np.array([1]), torch.tensor([9.0], device="cuda"))  # slot 1 again: last wins
+    sampler.flush()
+    np.testing.assert_allclose(sampler.tree.leaves[1:6], [9.0, 2.0, 3.0, 4.0, 5.0], rtol=1e-6)

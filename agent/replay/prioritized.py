@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent.replay.base import PinnedSlots
+
 __all__ = [
     "PrioritizedSampler",
     "SumTree",
@@ -158,8 +160,10 @@ class PrioritizedSampler:
         self.tree = SumTree(slots)
         self.max_priority = 1.0
         """The largest ``|error| + eps`` seen: new transitions are stored at it."""
-        # Device errors whose copies to the host are in flight: (indices, pinned, event).
-        self._pending: list[tuple[np.ndarray, torch.Tensor, Any]] = []
+        # Device errors whose copies to the host are in flight: (slots, staging slot); the
+        # pinned staging is allocated once (per batch size), never per update.
+        self._pending: list[tuple[np.ndarray, int]] = []
+        self._staging: PinnedSlots | None = None
 
     def store(self, slots: np.ndarray) -> None:
         """Slots that received a new transition: at the largest priority so far."""
@@ -199,18 +203,27 @@ class PrioritizedSampler:
         if errors.device.type == "cpu":
             self._write(slots, errors.numpy())
             return
-        pinned = torch.empty(errors.shape, dtype=errors.dtype, pin_memory=True)
-        pinned.copy_(errors, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(errors.device))
-        self._pending.append((slots.copy(), pinned, event))
+        staging = self._staging
+        if staging is None or staging.tensors[0][0].shape != errors.shape or (
+            staging.tensors[0][0].dtype != errors.dtype
+        ):
+            if staging is not None:
+                self.flush()  # nothing pending may read a staging set that goes away
+            self._staging = staging = PinnedSlots([(tuple(errors.shape), errors.dtype)])
+        if len(self._pending) == len(staging.tensors):
+            self.flush()  # every staging set holds errors not yet read: read them first
+        slot = staging.acquire()
+        staging.tensors[slot][0].copy_(errors, non_blocking=True)
+        staging.release(slot, torch.cuda.current_stream(errors.device))
+        self._pending.append((slots.copy(), slot))
 
     def flush(self) -> None:
         """Write the priorities of device updates whose copies were in flight."""
         pending, self._pending = self._pending, []
-        for slots, pinned, event in pending:
-            event.synchronize()
-            self._write(slots, pinned.numpy())
+        for slots, slot in pending:
+            assert self._staging is not None
+            self._staging.events[slot].synchronize()
+            self._write(slots, self._staging.arrays[slot][0])
 
     def _write(self, slots: np.ndarray, errors: np.ndarray) -> None:
         priorities = np.abs(errors.astype(np.float64)) + self.eps
