@@ -209,7 +209,8 @@ class Config:
     """How the update's gradients are computed: ``numpy`` (a numpy program compiled from the
     network, the fastest for small networks on a CPU), ``torch`` (autograd: any network,
     any device) or ``auto``: numpy where it applies (CPU, the layers it knows), torch
-    elsewhere. Both compute the same update up to float rounding, so their trajectories
+    elsewhere (a CPU network it cannot compile is named in one warning; ``numpy`` on one is
+    an error). Both compute the same update up to float rounding, so their trajectories
     differ; the one that ran is written to config.yaml, result.json and the hparams."""
 
     # --- evaluation ---

@@ -13,7 +13,7 @@ from torch import nn
 
 from agent.distributional import CategoricalObjective
 from agent.noisy import NoiseBuffers, noise_switched, noisy_layers
-from agent.numpy_backend import GradientSink, NumpyProgram
+from agent.numpy_backend import GradientSink, NumpyProgram, Unsupported, compiled_or_none
 from agent.optim import Adam
 from agent.replay.base import Batch
 from agent.values import greedy_actions, support_of
@@ -230,10 +230,12 @@ class Learner:
     ``backend``: how the gradients are computed. ``"auto"`` (default) uses the numpy
     program of :mod:`agent.numpy_backend` where it applies (both networks on the CPU in
     float32/float64, made of the ops it knows: every MLP and the MinAtar CNN that
-    ``QNetwork`` builds) and PyTorch's autograd otherwise (CUDA, the Nature CNN);
-    ``"torch"`` or ``"numpy"`` force one (``"numpy"`` raises ``ValueError`` where it does
-    not apply). Both compute the same update, up to float rounding; the numpy one is
-    several times cheaper on small networks (docs/research/log.md). :attr:`backend` says which runs.
+    ``QNetwork`` builds) and PyTorch's autograd otherwise: silently where that is expected
+    (CUDA, other dtypes, the Nature CNN), after one warning naming what did not compile
+    otherwise. ``"torch"`` or ``"numpy"`` force one (``"numpy"`` raises ``ValueError``,
+    naming what did not compile, where it does not apply). Both compute the same update,
+    up to float rounding; the numpy one is several times cheaper on small networks
+    (docs/research/log.md). :attr:`backend` says which runs.
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
 
@@ -297,11 +299,17 @@ class Learner:
         self._target = list(target_network.parameters())
         self.running = RunningMetrics(params[0].device, params[0].dtype)
         self.updates = 0
-        self._numpy = _NumpyUpdate.build(self) if backend != "torch" else None
-        if backend == "numpy" and self._numpy is None:
-            raise ValueError(
-                "the numpy learner backend needs both networks on the CPU in float32/float64, "
-                "made of the layers agent/numpy_backend compiles"
+        self._numpy: _NumpyUpdate | None = None
+        if backend == "numpy":
+            try:
+                self._numpy = _NumpyUpdate.build(self)
+            except Unsupported as e:  # NotApplicable too: the backend was asked for
+                raise ValueError(f"the numpy learner backend cannot run {e}") from None
+        elif backend == "auto":
+            self._numpy = compiled_or_none(
+                lambda: _NumpyUpdate.build(self),
+                "autograd computes the updates instead (backend='torch', "
+                "--set learner_backend=torch in a run, chooses it without this warning)",
             )
         self.backend: Literal["torch", "numpy"] = "numpy" if self._numpy else "torch"
 
@@ -402,17 +410,16 @@ class _NumpyUpdate:
         self._flat_grad = learner.optimizer.flat_grad.numpy()  # every gradient, a view
 
     @classmethod
-    def build(cls, learner: Learner) -> _NumpyUpdate | None:
+    def build(cls, learner: Learner) -> _NumpyUpdate:
+        """Compile both networks; raises as :meth:`NumpyProgram.build` does."""
         optimizer = learner.optimizer
-        if learner.running.sums.device.type != "cpu":
-            return None
+        # The target first (same device and dtype as the online network): NotApplicable
+        # off the CPU or in bfloat16, before the gradients are read as numpy arrays.
+        target = NumpyProgram.build(learner.target_network)
         views = [g.detach().numpy() for g in optimizer.grads]
         sink = GradientSink(optimizer.params, views)
         noise = learner.update_noise_buffers.tensors
         online = NumpyProgram.build(learner.q_network, sink, noise)
-        target = NumpyProgram.build(learner.target_network)
-        if online is None or target is None:
-            return None
         return cls(learner, online, target)
 
     def update(self, batch: BatchLike) -> torch.Tensor:

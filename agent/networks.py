@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ class NatureCNN(nn.Module):
     Takes ``(B, C, H, W)`` frames; integer frames (uint8) are converted to the
     parameters' dtype and scaled to [0, 1] on whatever device they arrive on.
     """
+
+    # Read by agent.numpy_backend: PyTorch runs this torso, without a warning.
+    numpy_backend_opt_out: ClassVar[str] = "its forward branches on the frames' dtype"
 
     def __init__(
         self,

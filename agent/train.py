@@ -214,7 +214,7 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         learner = Learner(
             q_network, target_network, **learner_settings(cfg), backend=cfg.learner_backend
         )
-    except ValueError as e:  # learner_backend numpy where it does not apply (CUDA)
+    except ValueError as e:  # learner_backend numpy where it does not apply or compile
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
     capture = update_capture(device, cfg.capture_graph)
     update = learner.update if capture is None else CapturedUpdate(learner, capture)

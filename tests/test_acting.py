@@ -406,7 +406,7 @@ def test_bad_arguments_raise() -> None:
         ActionSelector(net, (5,), 1)
     with pytest.raises(ValueError, match="move the network"):
         ActionSelector(net, (4,), 1, "cuda")
-    with pytest.raises(ValueError, match="numpy"):
+    with pytest.raises(ValueError, match=r"backend='numpy' cannot run QNetwork \(NatureCNN"):
         ActionSelector(NETWORKS["cnn"](), (4, 36, 36), 1, backend="numpy")(
             np.zeros((1, 4, 36, 36), dtype=np.uint8)
         )
@@ -879,7 +879,7 @@ def test_users_own_noisy_modules_get_the_numpy_path_with_fresh_noise(name: str) 
 
 
 def test_modules_with_ops_the_numpy_path_cannot_reproduce_act_eagerly() -> None:
-    class Sorted(nn.Module):
+    class SortedActions(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.l1 = nn.Linear(4, N_ACTIONS)
@@ -887,7 +887,7 @@ def test_modules_with_ops_the_numpy_path_cannot_reproduce_act_eagerly() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.sort(self.l1(x), dim=1).values  # not an op the numpy path knows
 
-    class Branching(nn.Module):
+    class BranchingActions(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.l1 = nn.Linear(4, N_ACTIONS)
@@ -896,11 +896,34 @@ def test_modules_with_ops_the_numpy_path_cannot_reproduce_act_eagerly() -> None:
             y = self.l1(x)
             return y if y.sum() > 0 else -y  # control flow on values: cannot be traced
 
-    for net in (Sorted(), Branching()):
-        selector = ActionSelector(net, (4,), 2, "cpu")
-        obs = observations((4,), 2, np.random.default_rng(0))
-        np.testing.assert_array_equal(selector(obs), greedy(net, obs))
-        assert selector.backend == "eager"
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")  # the once is the backend's own, not the filter's
+        for net in (SortedActions(), BranchingActions(), SortedActions()):
+            selector = ActionSelector(net, (4,), 2, "cpu")
+            obs = observations((4,), 2, np.random.default_rng(0))
+            np.testing.assert_array_equal(selector(obs), greedy(net, obs))
+            assert selector.backend == "eager"
+    # Each reason once: what did not compile, where, and what runs instead.
+    messages = [str(w.message) for w in said if w.category is RuntimeWarning]
+    assert [m.split(" (")[0] for m in messages] == [
+        "the numpy backend cannot compile SortedActions",
+        "the numpy backend cannot compile BranchingActions",
+    ]
+    assert "(call_function sort at node sort); acting runs eagerly instead" in messages[0]
+    assert "torch.fx cannot trace its forward" in messages[1]
+    assert all("backend='eager' chooses it" in m for m in messages)
+
+
+def test_a_compiler_bug_is_not_hidden_by_the_auto_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.numpy_backend import program
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("slot 3")
+
+    monkeypatch.setattr(program, "Linear", broken)  # the layer builder the compiler calls
+    selector = ActionSelector(NETWORKS["noisy"](), (4,), 2, "cpu")
+    with pytest.raises(KeyError, match="slot 3"):
+        selector(observations((4,), 2, np.random.default_rng(0)))
 
 
 @pytest.mark.gpu

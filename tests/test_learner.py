@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import warnings
 import io
+import re
 import pytest
 import numpy as np
 import torch
@@ -376,16 +377,67 @@ def test_numpy_update_leaves_the_acting_noise_in_place() -> None:
 
 
 def test_auto_backend_is_numpy_for_cpu_mlps_and_autograd_elsewhere() -> None:
-    assert _learner().backend == "numpy"
-    assert _learner("meta").backend == "torch"
     torch.manual_seed(0)
     cnn = QNetwork((4, 84, 84), 3, (32,))
-    assert Learner(cnn, copy.deepcopy(cnn), lr=1e-3).backend == "torch"
-    assert _learner(backend="torch").backend == "torch"
-    with pytest.raises(ValueError, match="numpy learner backend needs"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the expected fallbacks are silent
+        assert _learner().backend == "numpy"
+        assert _learner("meta").backend == "torch"
+        assert _learner(dtype=torch.bfloat16).backend == "torch"
+        assert Learner(cnn, copy.deepcopy(cnn), lr=1e-3).backend == "torch"
+        assert _learner(backend="torch").backend == "torch"
+    with pytest.raises(ValueError, match=r"numpy learner backend cannot run QNetwork \(NatureCNN"):
         Learner(cnn, copy.deepcopy(cnn), lr=1e-3, backend="numpy")
     with pytest.raises(ValueError, match="backend must be"):
         _learner(backend="jax")
+
+
+class LayerNormed(torch.nn.Module):
+    """A user's network with a layer the numpy backend does not compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 2)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_auto_backend_names_what_did_not_compile_once_and_learns_with_autograd() -> None:
+    reason = "LayerNormed (module LayerNorm at body.1)"
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")  # the once is the learner's own, not the filter's
+        learners = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            net = LayerNormed()
+            learners.append(Learner(net, copy.deepcopy(net), lr=1e-2))
+    assert [str(w.message) for w in said if w.category is RuntimeWarning] == [
+        f"the numpy backend cannot compile {reason}; autograd computes the updates instead "
+        "(backend='torch', --set learner_backend=torch in a run, chooses it without this warning)"
+    ]
+    assert [learner.backend for learner in learners] == ["torch", "torch"]
+    before = [p.detach().clone() for p in learners[0].q_network.parameters()]
+    learners[0].update(_batch())
+    after = list(learners[0].q_network.parameters())
+    assert all(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    with pytest.raises(ValueError, match=re.escape(f"numpy learner backend cannot run {reason}")):
+        Learner(net, copy.deepcopy(net), lr=1e-2, backend="numpy")
+
+
+def test_a_compiler_bug_is_not_hidden_by_the_auto_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug would otherwise move the run to autograd silently and change its trajectory.
+    from agent.numpy_backend import program
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(program, "Linear", broken)  # the layer builder the compiler calls
+    with pytest.raises(IndexError, match="out of range"):
+        _learner()
+    assert _learner(backend="torch").backend == "torch"  # it never calls the compiler
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -12,7 +14,15 @@ from torch import nn
 
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise, set_noise
-from agent.numpy_backend import GradientSink, NumpyForward, NumpyProgram
+from agent.numpy_backend import (
+    GradientSink,
+    NotApplicable,
+    NumpyForward,
+    NumpyProgram,
+    Unsupported,
+    compiled_or_none,
+    program,
+)
 
 
 Compiled = tuple[NumpyProgram, list[nn.Parameter], list[torch.Tensor], list[bool]]
@@ -221,22 +231,86 @@ class Sorted(nn.Module):
         return torch.sort(self.l1(x), dim=1).values
 
 
+class Normed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class Branching(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.l1(x)
+        return y if y.sum() > 0 else -y  # control flow on values: cannot be traced
+
+
 @pytest.mark.parametrize(
-    "make",
+    ("make", "error", "reason"),
     [
-        lambda: QNetwork((4, 84, 84), 3, (32,)),  # the Nature CNN scales uint8 by dtype
-        MeanOverBatch,
-        lambda: MeanOverBatch(-2),
-        Sorted,
-        lambda: QNetwork((5,), 3, (8,)).to("meta"),
-        lambda: QNetwork((5,), 3, (8,), dtype=torch.float16),
+        (lambda: QNetwork((4, 84, 84), 3, (32,)), NotApplicable,
+         "QNetwork (NatureCNN at torso opts out"),
+        (MeanOverBatch, Unsupported, "MeanOverBatch (mean over dim=0 at node mean)"),
+        (lambda: MeanOverBatch(-2), Unsupported, "MeanOverBatch (mean over dim=-2 at node mean)"),
+        (Sorted, Unsupported, "Sorted (call_function sort at node sort)"),
+        (Normed, Unsupported, "Normed (module LayerNorm at body.1)"),
+        (Branching, Unsupported, "Branching (torch.fx cannot trace its forward"),
+        (lambda: QNetwork((5,), 3, (8,)).to("meta"), NotApplicable,
+         "QNetwork (its tensors are on meta in float32, not all on the CPU"),
+        (lambda: QNetwork((5,), 3, (8,), dtype=torch.float16), NotApplicable,
+         "QNetwork (its tensors are on cpu in float16, not all on the CPU"),
     ],
-    ids=["nature_cnn", "mean_over_batch", "mean_over_dim_-2", "sort", "meta", "float16"],
-)
-def test_what_it_cannot_reproduce_returns_none(make) -> None:  # type: ignore[no-untyped-def]
-    assert NumpyProgram.build(make()) is None
-    # Acting reads the same compiler: it falls back to PyTorch on the same modules.
-    assert NumpyForward.build(make(), np.random.default_rng(0)) is None
+    ids=["nature_cnn", "mean_over_batch", "mean_over_dim_-2", "sort", "layer_norm", "branching",
+         "meta", "float16"],
+)  # fmt: skip
+def test_what_it_cannot_compile_is_named(make, error: type, reason: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(Unsupported) as raised:
+        NumpyProgram.build(make())
+    assert raised.type is error and str(raised.value).startswith(reason), raised.value
+    # Acting reads the same compiler: the same modules, the same reasons.
+    with pytest.raises(error, match=re.escape(reason)):
+        NumpyForward.build(make(), np.random.default_rng(0))
+
+
+def test_a_compiler_bug_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug is not "outside what compiles": hiding it would move runs to PyTorch unseen.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+
+    monkeypatch.setattr(program, "Linear", broken)  # the layer builder the compiler calls
+    net = QNetwork((5,), 3, (8,))
+    with pytest.raises(TypeError, match="unsupported operand"):
+        NumpyProgram.build(net)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        NumpyForward.build(net, np.random.default_rng(0))
+    with pytest.raises(TypeError, match="unsupported operand"):
+        compiled_or_none(lambda: NumpyProgram.build(net), "PyTorch runs it")
+
+
+class NormedOnce(Normed):
+    pass
+
+
+def test_compiled_or_none_says_each_reason_once_and_expected_cases_never() -> None:
+    def compiled(net: nn.Module) -> NumpyProgram | None:
+        return compiled_or_none(lambda: NumpyProgram.build(net), "PyTorch runs it")
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")  # the once is the backend's own, not the filter's
+        for _ in range(3):
+            assert compiled(NormedOnce()) is None
+        assert compiled(QNetwork((5,), 3, (8,)).to("meta")) is None
+        assert compiled(QNetwork((4, 84, 84), 3, (32,))) is None
+        assert isinstance(compiled(QNetwork((5,), 3, (8,))), NumpyProgram)
+    reason = "NormedOnce (module LayerNorm at body.1)"
+    assert [(w.category, str(w.message)) for w in said] == [
+        (RuntimeWarning, f"the numpy backend cannot compile {reason}; PyTorch runs it")
+    ]
 
 
 def test_the_noise_switch_overrides_every_layer_for_one_forward() -> None:

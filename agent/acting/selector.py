@@ -16,7 +16,8 @@ network lives, and re-picks it when the network moves. Each backend has a file:
     own modules alike.
 
 ``"eager"`` (anything else: bfloat16, other devices, unsupported ops)
-    The function the graph captures, run under ``torch.inference_mode()``.
+    The function the graph captures, run under ``torch.inference_mode()``. A CPU
+    network that does not compile is named in one warning (docs/design.md).
 
 Speeds of each are in docs/research/log.md (``bench/acting.py``).
 """
@@ -38,7 +39,7 @@ from agent.acting.graph import (
     capture_eager,
     make_act_fn,
 )
-from agent.numpy_backend import NumpyForward
+from agent.numpy_backend import NumpyForward, Unsupported, compiled_or_none
 from agent.noisy import noisy_layers
 from agent.values import greedy_actions, support_of
 
@@ -269,18 +270,21 @@ class ActionSelector:
         device = probe.device
         request = self._backend_request
 
-        if request in ("auto", "numpy") and device.type == "cpu":
-            self._numpy = NumpyForward.build(self.q_network, self._rng)
+        if request == "numpy":
+            try:
+                self._numpy = NumpyForward.build(self.q_network, self._rng)
+            except Unsupported as e:  # NotApplicable too: the backend was asked for
+                raise ValueError(f"backend='numpy' cannot run {e}; use backend='auto'") from None
+        elif request == "auto" and device.type == "cpu":
+            self._numpy = compiled_or_none(
+                lambda: NumpyForward.build(self.q_network, self._rng),
+                "acting runs eagerly instead (backend='eager' chooses it without this warning)",
+            )
+        if self._numpy is not None:
             support = support_of(self.q_network)
             self._support = None if support is None else support.numpy()
-            if self._numpy is not None:
-                self._backend = "numpy"
-                return
-        if request == "numpy":
-            raise ValueError(
-                "backend='numpy' needs a CPU float32/float64 network built from Linear, "
-                "NoisyLinear, Conv2d and elementwise activations; use backend='auto'"
-            )
+            self._backend = "numpy"
+            return
         if request == "graph" or (
             request == "auto" and device.type == "cuda" and self.capture_graph
         ):

@@ -14,7 +14,7 @@ __all__ = ["NumpyForward"]
 class NumpyForward:
     """Q-values of a module as a numpy program, and its noise drawn with a numpy generator.
 
-    Build it with :meth:`build` (``None`` when the module cannot be reproduced), then
+    Build it with :meth:`build` (which raises as :meth:`NumpyProgram.build` does), then
     :meth:`q_values` per step and :meth:`resample` whenever fresh noise is due. The noise
     is written into the layers' own buffers (views), so ``module(obs)`` afterwards
     reproduces exactly the noise the action used.
@@ -38,10 +38,10 @@ class NumpyForward:
         ]
 
     @classmethod
-    def build(cls, module: nn.Module, rng: np.random.Generator) -> NumpyForward | None:
-        """Compile ``module``; ``None`` if any part is outside what compiles."""
-        program = NumpyProgram.build(module)
-        return None if program is None else cls(program, rng)
+    def build(cls, module: nn.Module, rng: np.random.Generator) -> NumpyForward:
+        """Compile ``module``; :class:`~agent.numpy_backend.program.Unsupported` (or
+        ``NotApplicable``) names what does not compile."""
+        return cls(NumpyProgram.build(module), rng)
 
     def resample(self) -> None:
         """Fresh factorised noise, f(x) = sgn(x) sqrt(|x|), written into the layers' buffers."""

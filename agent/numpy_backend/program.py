@@ -18,15 +18,23 @@ rounding. What compiles: ``nn.Linear``, :class:`~agent.noisy.NoisyLinear`,
 ``Identity``/``Flatten``, ``unflatten`` of the last dimension, ``+ - * /``, ``mean`` over
 a dimension that cannot be the batch, and a cast to float32 or float64, with float32 or
 float64 parameters on the CPU.
-Anything else (control flow on values, other ops, another device) makes ``build``
-return ``None``, and the caller keeps PyTorch.
+
+What does not compile is said, never hidden: ``build`` raises :class:`NotApplicable`
+for a module the backend does not run on (another device, another dtype, a module that
+opts out with a ``numpy_backend_opt_out`` class attribute, as the Nature CNN does) and
+:class:`Unsupported` for a part outside the list above (control flow on values, another
+op), naming the module and the node; any other exception is a bug of the compiler and
+propagates. :func:`compiled_or_none` is how a caller falls back to PyTorch: silently
+where the backend does not apply, after one warning per process and reason where it
+does not compile.
 """
 
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -45,9 +53,15 @@ from agent.numpy_backend.ops import (
     relu_,
 )
 
-__all__ = ["NumpyProgram", "cpu_float_dtype"]
+__all__ = ["NotApplicable", "NumpyProgram", "Unsupported", "compiled_or_none", "cpu_float_dtype"]
 
 Array = np.ndarray
+T = TypeVar("T")
+
+
+class NotApplicable(Unsupported):
+    """A module the numpy backend does not run on: another device or dtype, or a module
+    that opts out. Expected: PyTorch runs it without a warning."""
 
 
 class Const:
@@ -96,6 +110,42 @@ def cpu_float_dtype(module: nn.Module) -> np.dtype | None:
     return np.dtype(np.float32 if tensors[0].dtype == torch.float32 else np.float64)
 
 
+def _tensors_of(module: nn.Module) -> str:
+    """Where and in what dtype a module's tensors are, for a module the backend does not
+    run on."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if not tensors:
+        return "no parameters or buffers"
+    devices = sorted({str(t.device) for t in tensors})
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+    where = f"on {' and '.join(devices)} in {' and '.join(dtypes)}"
+    return f"its tensors are {where}, not all on the CPU in one of float32 and float64"
+
+
+_SAID: set[str] = set()  # the reasons already said in this process
+
+
+def compiled_or_none(build: Callable[[], T], instead: str) -> T | None:
+    """``build()``, or None where it raises :class:`Unsupported`: a caller's fallback to PyTorch.
+
+    An :class:`Unsupported` is said once per process and reason, as a ``RuntimeWarning``
+    naming what did not compile, followed by ``instead`` (what runs in its place and how
+    to choose it without the warning); a :class:`NotApplicable` falls back silently. Any
+    other exception is a bug of the compiler, and propagates.
+    """
+    try:
+        return build()
+    except NotApplicable:
+        return None
+    except Unsupported as e:
+        reason = str(e)
+        if reason not in _SAID:
+            _SAID.add(reason)
+            message = f"the numpy backend cannot compile {reason}; {instead}"
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return None
+
+
 class NumpyProgram:
     """A module's forward as a numpy program with a tape, and its parameter gradients.
 
@@ -131,21 +181,35 @@ class NumpyProgram:
         module: nn.Module,
         sink: GradientSink | None = None,
         noise: Mapping[nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None,
-    ) -> NumpyProgram | None:
-        """Trace and compile ``module``; ``None`` if any part is outside what compiles.
+    ) -> NumpyProgram:
+        """Trace and compile ``module``.
 
         ``sink``: where :meth:`backward` writes; ``None`` for a forward-only program.
         ``noise``: ``(epsilon, weight_epsilon)`` to read instead of a NoisyLinear's own
         buffers (:class:`~agent.noisy.NoiseBuffers`).
+        Raises :class:`NotApplicable` or :class:`Unsupported`, whose message names the
+        module and what does not compile; any other exception is a bug and propagates.
         """
+        name = type(module).__name__
         dtype = cpu_float_dtype(module)
         if dtype is None:
-            return None
+            raise NotApplicable(f"{name} ({_tensors_of(module)})")
+        for path, sub in module.named_modules():
+            why = getattr(type(sub), "numpy_backend_opt_out", None)
+            if why:
+                at = f" at {path}" if path else ""
+                raise NotApplicable(f"{name} ({type(sub).__name__}{at} opts out: {why})")
         try:
             graph = _Tracer().trace(module)
+        except Exception as e:  # the module's own forward, run on proxies, failed
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise Unsupported(
+                f"{name} (torch.fx cannot trace its forward: {type(e).__name__}: {first})"
+            ) from None
+        try:
             return _compile(module, graph, dtype, sink, noise or {})
-        except Exception:  # a trace error, an unsupported node: PyTorch does it instead
-            return None
+        except Unsupported as e:
+            raise Unsupported(f"{name} ({e})") from None
 
     def forward(self, x: Array, *, tape: bool = False, noise: bool | None = None) -> Array:
         """The module's output for ``x`` (cast to the parameters' dtype, as QNetwork does).
@@ -206,81 +270,86 @@ def _compile(
     switch: list[bool | None] = [None]
     output: int | None = None
     for node in graph.nodes:
-        if node.op == "placeholder":
-            if slot:
-                raise Unsupported("more than one input")
-            slot[node] = 0
-            continue
-        if node.op == "output":
-            if not isinstance(node.args[0], fx.Node):
-                raise Unsupported("output is not one tensor")
-            output = slot[node.args[0]]
-            continue
-        if any(isinstance(v, fx.Node) for v in node.kwargs.values()):
-            raise Unsupported("tensor keyword argument")
-        args = [slot[a] if isinstance(a, fx.Node) else _constant(a) for a in node.args]
-        out = len(nodes) + 1
-        trainable = False  # the node's own parameters need a gradient
-        if node.op == "call_module":
-            sub = module.get_submodule(node.target)
-            kind = type(sub)
-            if kind is nn.Identity:
-                slot[node] = args[0]
+        try:
+            if node.op == "placeholder":
+                if slot:
+                    raise Unsupported("more than one input")
+                slot[node] = 0
                 continue
-            if kind is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1:
-                nodes.append(_reshape_node(out, args, needs_grad))
-                rank[out] = 2
-            elif kind is nn.Conv2d:
-                new, trainable = _conv_node(out, args, sub, needs_grad, sink)
-                nodes.append(new)
-            elif kind in (nn.Linear, NoisyLinear):
-                layer = linears.setdefault(
-                    node.target, Linear(sub, sink, switch, noise.get(sub))
-                )
-                trainable = any(i is not None for i in layer.grad_slots)
-                nodes.append(_linear_node(out, args, layer, needs_grad, sink))
-            elif kind in ACTIVATION_MODULES:
+            if node.op == "output":
+                if not isinstance(node.args[0], fx.Node):
+                    raise Unsupported("output is not one tensor")
+                output = slot[node.args[0]]
+                continue
+            if any(isinstance(v, fx.Node) for v in node.kwargs.values()):
+                raise Unsupported("tensor keyword argument")
+            args = [slot[a] if isinstance(a, fx.Node) else _constant(a) for a in node.args]
+            out = len(nodes) + 1
+            trainable = False  # the node's own parameters need a gradient
+            if node.op == "call_module":
+                sub = module.get_submodule(node.target)
+                kind = type(sub)
+                if kind is nn.Identity:
+                    slot[node] = args[0]
+                    continue
+                if kind is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1:
+                    nodes.append(_reshape_node(out, args, needs_grad))
+                    rank[out] = 2
+                elif kind is nn.Conv2d:
+                    new, trainable = _conv_node(out, args, sub, needs_grad, sink)
+                    nodes.append(new)
+                elif kind in (nn.Linear, NoisyLinear):
+                    layer = linears.setdefault(
+                        node.target, Linear(sub, sink, switch, noise.get(sub))
+                    )
+                    trainable = any(i is not None for i in layer.grad_slots)
+                    nodes.append(_linear_node(out, args, layer, needs_grad, sink))
+                elif kind in ACTIVATION_MODULES:
+                    owned = _fresh_layer_output(module, node.args[0])
+                    name, value = activation_of_module(sub)
+                    nodes.append(_activation_node(out, args, name, value, needs_grad, owned))
+                else:
+                    raise Unsupported(f"module {kind.__name__}")
+            elif node.op == "call_function" and node.target in ACTIVATION_FUNCTIONS:
+                name, value = _activation_call(node, args)
                 owned = _fresh_layer_output(module, node.args[0])
-                name, value = activation_of_module(sub)
-                nodes.append(_activation_node(out, args, name, value, needs_grad, owned))
+                nodes.append(_activation_node(out, args[:1], name, value, needs_grad, owned))
+            elif node.op == "call_method" and node.target in ACTIVATION_METHODS and len(args) == 1:
+                name = ACTIVATION_METHODS[node.target]
+                nodes.append(_activation_node(out, args, name, None, needs_grad))
+            elif (node.op == "call_function" and node.target in ARITHMETIC) or (
+                node.op == "call_method" and node.target in ("add", "sub", "mul")
+            ):
+                name = ARITHMETIC.get(node.target, node.target)
+                if node.kwargs:
+                    raise Unsupported(f"{name} with {node.kwargs}")
+                nodes.append(_arithmetic_node(out, name, args, needs_grad))
+            elif node.op == "call_method" and node.target == "mean":
+                new, rank[out] = _mean_node(out, args, dict(node.kwargs), needs_grad, rank[args[0]])
+                nodes.append(new)
+            elif node.op == "call_method" and node.target == "unflatten":
+                new, rank[out] = _unflatten_node(out, args, dict(node.kwargs), needs_grad, rank)
+                nodes.append(new)
+            elif node.op == "call_method" and node.target in ("to", "float", "double"):
+                target = _cast_target(node)
+                if target == dtype:
+                    slot[node] = args[0]  # already in the parameters' dtype: nothing to do
+                    continue
+                if needs_grad[args[0]]:
+                    raise Unsupported("a cast between parameters")
+                cast = _Node(out, args[:1], lambda x, t=target: np.asarray(x, dtype=t),
+                             lambda g, values, y: [None], [False])  # fmt: skip
+                nodes.append(cast)
             else:
-                raise Unsupported(f"module {kind.__name__}")
-        elif node.op == "call_function" and node.target in ACTIVATION_FUNCTIONS:
-            name, value = _activation_call(node, args)
-            owned = _fresh_layer_output(module, node.args[0])
-            nodes.append(_activation_node(out, args[:1], name, value, needs_grad, owned))
-        elif node.op == "call_method" and node.target in ACTIVATION_METHODS and len(args) == 1:
-            name = ACTIVATION_METHODS[node.target]
-            nodes.append(_activation_node(out, args, name, None, needs_grad))
-        elif (node.op == "call_function" and node.target in ARITHMETIC) or (
-            node.op == "call_method" and node.target in ("add", "sub", "mul")
-        ):
-            name = ARITHMETIC.get(node.target, node.target)
-            if node.kwargs:
-                raise Unsupported(f"{name} with {node.kwargs}")
-            nodes.append(_arithmetic_node(out, name, args, needs_grad))
-        elif node.op == "call_method" and node.target == "mean":
-            new, rank[out] = _mean_node(out, args, dict(node.kwargs), needs_grad, rank[args[0]])
-            nodes.append(new)
-        elif node.op == "call_method" and node.target == "unflatten":
-            new, rank[out] = _unflatten_node(out, args, dict(node.kwargs), needs_grad, rank)
-            nodes.append(new)
-        elif node.op == "call_method" and node.target in ("to", "float", "double"):
-            target = _cast_target(node)
-            if target == dtype:
-                slot[node] = args[0]  # already in the parameters' dtype: nothing to do
-                continue
-            if needs_grad[args[0]]:
-                raise Unsupported("a cast between parameters")
-            cast = _Node(out, args[:1], lambda x, t=target: np.asarray(x, dtype=t),
-                         lambda g, values, y: [None], [False])  # fmt: skip
-            nodes.append(cast)
-        else:
-            raise Unsupported(f"{node.op} {node.target}")
-        needs_grad[out] = trainable or any(needs_grad[a] for a in args if type(a) is int)
-        # Elementwise ops and layers keep (broadcast) the dimensions of their inputs.
-        rank.setdefault(out, max([rank[a] for a in args if type(a) is int], default=0))
-        slot[node] = out
+                target = getattr(node.target, "__name__", node.target)
+                raise Unsupported(f"{node.op} {target}")
+            needs_grad[out] = trainable or any(needs_grad[a] for a in args if type(a) is int)
+            # Elementwise ops and layers keep (broadcast) the dimensions of their inputs.
+            rank.setdefault(out, max([rank[a] for a in args if type(a) is int], default=0))
+            slot[node] = out
+        except Unsupported as e:
+            where = node.target if node.op == "call_module" else f"node {node.name}"
+            raise Unsupported(f"{e} at {where}") from None
     if output is None:
         raise Unsupported("no output")
     return NumpyProgram(dtype, nodes, output, sink, list(linears.values()), switch)
