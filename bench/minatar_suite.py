@@ -20,6 +20,18 @@ re-reads earlier ``--json`` files instead of training (several: merged, each gam
 file order); ``--workdir DIR`` keeps the runs in DIR,
 so a second invocation reuses the runs that finished there and resumes the interrupted ones.
 
+Rainbow (the five games, three arms on the same code: ``--config rainbow``, the same
+without noisy nets, and today's default)::
+
+    python -m bench.minatar_suite rainbow --seeds 101-105 --jobs 2 --workdir DIR --json F \\
+        --plot-dir docs/img/minatar/rainbow [--default-from-json EARLIER_LEARN.json ...]
+
+prints, per game, each arm's median and IQM, the paired differences of the preset against
+the preset without noise (what the noise adds inside Rainbow) and against the default,
+Revisiting Rainbow's 10M-frame training returns beside them, and the wall time per run.
+The default's runs of an earlier ``learn`` report can stand in for its arm
+(``--default-from-json``): its trajectories did not change since.
+
 Speed (one game, against MinAtar's ``examples/dqn.py``, run unchanged but for its frame
 budget; clone https://github.com/kenjyoung/MinAtar for it)::
 
@@ -63,6 +75,21 @@ PAPER_DQN = {
 }
 EPSILON = ["--set", "exploration=epsilon", "--set", "noisy_layers=none"]
 AGENTS = {"noisy": [], "epsilon": EPSILON}
+# The rainbow report's arms: the preset, the preset without noisy nets, today's default.
+RAINBOW_ARMS = {
+    "rainbow": ["--config", "rainbow"],
+    "rainbow-no-noise": ["--config", "rainbow", *EPSILON],
+    "default": [],
+}
+# Revisiting Rainbow (Obando-Ceron & Castro 2021, Figure 2; MinAtar, 10M frames, 10 seeds,
+# training returns), read off the figure: DQN, Rainbow, Rainbow without noisy nets.
+REVISITING_RAINBOW = {
+    "Asterix": (28.2, 41.8, 48.8),
+    "Breakout": (7.4, 11.3, 10.7),
+    "Freeway": (60.0, 57.1, 57.6),
+    "Seaquest": (5.3, 10.0, 6.5),
+    "SpaceInvaders": (33.8, 92.8, 99.1),
+}
 
 
 def paired_ci(a: list[float], b: list[float], reps: int = 50_000) -> tuple[float, float, float]:
@@ -123,23 +150,7 @@ def learn(args: argparse.Namespace) -> int:
         results = merge_results([json.loads(path.read_text()) for path in args.from_json], games)
     else:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_minatar_"))
-        jobs = [(g, a, s) for s in seeds for g in games for a in AGENTS]
-
-        def run(job: tuple[str, str, int]) -> dict:
-            game, agent, seed = job
-            env_id = f"MinAtar/{game}-v0"
-            r = finished_or_resumed(workdir / game / agent / f"seed{seed}")
-            if r is None:
-                r = run_ours(seed, extra + AGENTS[agent], workdir / game / agent, env_id)
-            print(f"{env_id} | {agent} | seed {seed}: final {r['final_eval_return']:.2f}, "
-                  f"{r['wall_s']:.0f} s", flush=True)
-            return r
-
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            done = list(pool.map(run, jobs))
-        results = {g: {a: [] for a in AGENTS} for g in games}
-        for (game, agent, _), r in zip(jobs, done, strict=True):
-            results[game][agent].append(r)
+        results = run_arms(games, seeds, AGENTS, workdir, args.jobs, extra)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
 
@@ -177,6 +188,102 @@ def learn(args: argparse.Namespace) -> int:
             plot(f"MinAtar/{game}-v0", curves, budget, args.plot_dir / f"{game}.png")
     print(f"\nthe noisy default's median reaches the paper DQN's 5M-frame level on {reached} "
           f"of {len(shown)} games")
+    return 0
+
+
+def run_arms(
+    games: list[str], seeds: list[int], arms: dict[str, list[str]], workdir: Path, jobs: int,
+    extra: list[str], kept: dict | None = None,
+) -> dict:
+    """Every game, arm and seed as ``run.py`` processes, ``jobs`` at a time, in ``workdir``
+    (finished runs there kept, interrupted ones resumed); ``kept[game][arm]``: earlier
+    runs that count instead, by seed."""
+    jobs_todo = [(g, a, s) for s in seeds for g in games for a in arms]
+
+    def run(job: tuple[str, str, int]) -> dict:
+        game, arm, seed = job
+        earlier = (kept or {}).get(game, {}).get(arm, {}).get(seed)
+        if earlier is not None:
+            return earlier
+        env_id = f"MinAtar/{game}-v0"
+        r = finished_or_resumed(workdir / game / arm / f"seed{seed}")
+        if r is None:
+            r = run_ours(seed, extra + arms[arm], workdir / game / arm, env_id)
+        print(f"{env_id} | {arm} | seed {seed}: final {r['final_eval_return']:.2f}, "
+              f"{r['wall_s']:.0f} s", flush=True)
+        return r
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = list(pool.map(run, jobs_todo))
+    results: dict = {g: {a: [] for a in arms} for g in games}
+    for (game, arm, _), r in zip(jobs_todo, done, strict=True):
+        results[game][arm].append(r)
+    return results
+
+
+def rainbow(args: argparse.Namespace) -> int:
+    """The rainbow preset, the preset without noisy nets and today's default, on the five
+    games, beside Revisiting Rainbow's 10M-frame figures."""
+    from agent.sweep import bootstrap_ci, iqm
+    from bench.suite import plot
+
+    games = args.games.split(",")
+    seeds = parse_seeds(args.seeds)
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+    else:
+        # The default's runs of an earlier `learn` report (its "noisy" arm), by seed.
+        kept: dict = {}
+        for path in args.default_from_json or []:
+            for game, arms in json.loads(path.read_text()).items():
+                for r in arms.get("noisy", []):
+                    seed = int(Path(r["run_dir"]).name.removeprefix("seed"))
+                    kept.setdefault(game, {}).setdefault("default", {})[seed] = r
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_rainbow_"))
+        extra = [a for kv in args.set for a in ("--set", kv)]
+        results = run_arms(games, seeds, RAINBOW_ARMS, workdir, args.jobs, extra, kept)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+
+    print("\nMinAtar, -v0 ids, 1M steps; ours: the final policy's noise-free 100-episode mean; "
+          "Revisiting Rainbow (RR): training returns after 10M frames, read off its Figure 2\n")
+    print("| game | seeds | rainbow: median (IQM [95% CI]) | rainbow, no noise | default | "
+          "rainbow - no noise, paired [95% CI] | rainbow - default, paired [95% CI] | "
+          "RR DQN / Rainbow / Rainbow no noise | rainbow >= RR DQN, >= RR Rainbow | "
+          "wall per run (min): rainbow / default |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    over_dqn = over_rainbow = 0
+    shown = [g for g in games if results.get(g, {}).get("rainbow")]
+    for game in shown:
+        finals = {a: [r["final_eval_return"] for r in results[game][a]] for a in RAINBOW_ARMS}
+        cells = []
+        for arm in RAINBOW_ARMS:
+            f = finals[arm]
+            lo, hi = bootstrap_ci(f)
+            cells.append(f"{statistics.median(f):.1f} ({iqm(f):.1f} [{lo:.1f}, {hi:.1f}])")
+        diffs = []
+        for other in ("rainbow-no-noise", "default"):
+            mean, lo, hi = paired_ci(finals["rainbow"], finals[other])
+            diffs.append(f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]")
+        dqn, rb, rb_no_noise = REVISITING_RAINBOW[game]
+        median = statistics.median(finals["rainbow"])
+        over_dqn += median >= dqn
+        over_rainbow += median >= rb
+        walls = {a: statistics.median(r["wall_s"] for r in results[game][a]) / 60
+                 for a in ("rainbow", "default")}  # fmt: skip
+        print(f"| {game} | {seeds_of(results[game]['rainbow'])} | {' | '.join(cells)} | "
+              f"{' | '.join(diffs)} | {dqn:g} / {rb:g} / {rb_no_noise:g} | "
+              f"{'yes' if median >= dqn else 'no'}, {'yes' if median >= rb else 'no'} | "
+              f"{walls['rainbow']:.1f} / {walls['default']:.1f} "
+              f"({walls['rainbow'] / walls['default']:.2f}x) |")
+        curves = {a: [r["eval_curve"] for r in results[game][a] if r.get("eval_curve")]
+                  for a in RAINBOW_ARMS}
+        if args.plot_dir and all(curves.values()):
+            args.plot_dir.mkdir(parents=True, exist_ok=True)
+            budget = max(s for runs in curves.values() for c in runs for s, _ in c)
+            plot(f"MinAtar/{game}-v0", curves, budget, args.plot_dir / f"{game}.png")
+    print(f"\nthe rainbow median reaches Revisiting Rainbow's 10M-frame DQN on {over_dqn} and its "
+          f"Rainbow on {over_rainbow} of {len(shown)} games")
     return 0
 
 
@@ -324,6 +431,21 @@ def main() -> int:
     lp.add_argument("--workdir", type=Path,
                     help="where the runs go; runs that finished there before are kept, "
                          "interrupted ones resumed")
+    rp = sub.add_parser("rainbow", help="the rainbow preset, without noise, and the default")
+    rp.add_argument("--games", default=",".join(GAMES))
+    rp.add_argument("--seeds", default="101-105")
+    rp.add_argument("--jobs", type=int, default=2)
+    rp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every arm (repeatable)")
+    rp.add_argument("--plot-dir", type=Path)
+    rp.add_argument("--json", type=Path)
+    rp.add_argument("--from-json", type=Path, help="re-read an earlier --json instead of training")
+    rp.add_argument("--default-from-json", type=Path, nargs="+",
+                    help="earlier `learn` --json files whose noisy runs are the default arm's "
+                         "(the default's trajectories are unchanged since: checked to the bit)")
+    rp.add_argument("--workdir", type=Path,
+                    help="where the runs go; runs that finished there before are kept, "
+                         "interrupted ones resumed")
     sp = sub.add_parser("speed", help="one game against MinAtar's examples/dqn.py")
     sp.add_argument("--reference", required=True, help="path to MinAtar's examples/dqn.py")
     sp.add_argument("--game", default="breakout", help="MinAtar's name: breakout, asterix, ...")
@@ -331,7 +453,7 @@ def main() -> int:
     sp.add_argument("--seed", type=int, default=1)
     sp.add_argument("--core", type=int, default=0, help="the core both runs are pinned to")
     args = p.parse_args()
-    return learn(args) if args.mode == "learn" else speed(args)
+    return {"learn": learn, "rainbow": rainbow, "speed": speed}[args.mode](args)
 
 
 if __name__ == "__main__":

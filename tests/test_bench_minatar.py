@@ -62,3 +62,28 @@ def test_from_json_reports_every_seed_of_every_file_and_skips_unrun_games(tmp_pa
     assert not any(line.startswith("| Asterix") for line in proc.stdout.splitlines())
     # Only the runs with a curve are drawn; the plot is still made.
     assert (tmp_path / "plots" / "Breakout.png").exists()
+
+
+def test_the_rainbow_report_pairs_its_arms_and_counts_the_goals(tmp_path, minatar):
+    seeds = [101, 102, 103]
+    finals = {"rainbow": [12.0, 14.0, 13.0], "rainbow-no-noise": [10.0, 11.0, 12.0],
+              "default": [9.0, 9.5, 10.0]}  # fmt: skip
+    game = {arm: [{"run_dir": f"/w/Breakout/{arm}/seed{s}", "final_eval_return": f,
+                   "eval_curve": [[1000, f]], "wall_s": 60.0 * (2 if arm != "default" else 1)}
+                  for s, f in zip(seeds, finals[arm], strict=True)] for arm in finals}
+    path = tmp_path / "rainbow.json"
+    path.write_text(json.dumps({"Breakout": game}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--from-json", str(path),
+         "--games", "Breakout,Asterix", "--plot-dir", str(tmp_path / "plots")],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| Breakout")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "101,102,103"
+    assert cells[5].startswith("+2.0")  # rainbow minus no noise, paired by seed: mean 2
+    assert cells[6].startswith("+3.5")  # rainbow minus the default: mean 3.5
+    dqn, rb, _ = minatar.REVISITING_RAINBOW["Breakout"]
+    assert cells[8] == f"{'yes' if 13.0 >= dqn else 'no'}, {'yes' if 13.0 >= rb else 'no'}"
+    assert "(2.00x)" in cells[9]
+    assert "on 1 and its Rainbow on 1 of 1 games" in proc.stdout
+    assert (tmp_path / "plots" / "Breakout.png").exists()
