@@ -167,6 +167,7 @@ class ReplayBuffer:
         self._pinned = self.storage_device.type == "cpu" and is_cuda(self.device)
         self._moves = not self._pinned and self.storage_device != self.device
         self._sample_slots: PinnedSlots | None = None  # allocated on first sample
+        self._draw_slots: PinnedSlots | None = None  # a prioritized draw to a GPU ring
         self._copy_stream = torch.cuda.Stream(self.device) if self._pinned else None
 
         # n-step windows, one per env (host side), emitting finished transitions here.
@@ -357,11 +358,32 @@ class ReplayBuffer:
             slots, weights = self.priorities.sample(batch_size, generator, beta)
             idx = torch.from_numpy(slots)
             w = torch.from_numpy(weights.astype(numpy_dtype(self.float_dtype, "weights")))
-            return self._gather(idx.to(self.storage_device), w)._replace(indices=idx)
+            return self._gather(*self._to_storage(idx, w))._replace(indices=idx)
         idx = torch.randint(
             0, size, (batch_size,), generator=generator, device=self.storage_device
         )  # (B,) int64
         return self._gather(idx)
+
+    def _to_storage(
+        self, idx: torch.Tensor, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prioritized draw's slots and weights (host) where the ring is: for a ring in
+        GPU memory, through pinned staging (allocated once per batch size) and a
+        non-blocking copy, so that the host does not wait for the device's queue."""
+        if not is_cuda(self.storage_device):
+            return idx, weights
+        staging = self._draw_slots
+        specs = [((len(idx),), torch.int64), ((len(idx),), self.float_dtype)]
+        if staging is None or [(tuple(t.shape), t.dtype) for t in staging.tensors[0]] != specs:
+            if staging is not None:
+                staging.wait_all()
+            self._draw_slots = staging = PinnedSlots(specs)
+        slot = staging.acquire()
+        staging.tensors[slot][0].copy_(idx)
+        staging.tensors[slot][1].copy_(weights)
+        moved = [t.to(self.storage_device, non_blocking=True) for t in staging.tensors[slot]]
+        staging.release(slot, torch.cuda.current_stream(self.storage_device))
+        return moved[0], moved[1]
 
     def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
         """Priorities ``|errors| + eps`` for the slots ``indices`` of a sampled batch
