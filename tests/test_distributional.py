@@ -155,3 +155,26 @@ def test_every_acting_backend_acts_greedily_on_the_expectation(backend: str) -> 
     np.testing.assert_array_equal(actions, expected.numpy())
     assert selector.backend == ("graph" if backend == "graph" else backend)
     assert not torch.equal(plain, expected), "the test needs the two rules to disagree"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_c51_learns_the_values_of_a_two_action_problem(backend: str) -> None:
+    """Action 0 ends the episode with reward 1; action 1 gives 0 and the same state again:
+    Q = (1, 0.9) at gamma 0.9. The expectation of the learned distribution gets there."""
+    torch.manual_seed(0)
+    net = QNetwork((2,), 2, [32], num_atoms=21, v_min=-2, v_max=2, noisy_layers="none",
+                   dueling=True)  # fmt: skip
+    learner = Learner(net, copy.deepcopy(net), lr=5e-3, noise=False, backend=backend)
+    b = 64
+    g = torch.Generator().manual_seed(0)
+    obs = torch.tensor([[1.0, 0.0]]).repeat(b, 1)
+    for i in range(800):
+        actions = torch.randint(0, 2, (b,), generator=g)
+        ended = (actions == 0).float()
+        weights = torch.rand(b, generator=g) + 0.5  # as prioritized replay's, within (0, 1.5)
+        learner.update(Batch(obs, actions, ended, obs, ended, torch.full((b,), 0.9), None, weights))
+        if i % 50 == 49:
+            learner.sync_target()
+    with torch.no_grad():
+        q = q_values(net(obs[:1]), net.support)[0]
+    torch.testing.assert_close(q, torch.tensor([1.0, 0.9]), atol=0.02, rtol=0)
