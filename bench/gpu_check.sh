@@ -150,6 +150,17 @@ bench)
     step bench_learner_all 150 $PY -m bench.learner --device cuda --noisy-layers all
     step bench_replay 240 $PY -m bench.replay --quick
     step bench_noisy_forward 120 $PY -m bench.noisy_forward --quick
+    # Rainbow's update (C51, importance weights, priorities read back) as a CUDA graph in
+    # training, against the default's: MinAtar Breakout, 30k steps each, the same seed.
+    for arm in default rainbow; do
+        extra=""
+        [ "$arm" = rainbow ] && extra="--config rainbow"
+        r=$RUNS/breakout_$arm
+        rm -rf "$r"
+        step "train_breakout_$arm" 240 $PY run.py --env MinAtar/Breakout-v0 --device cuda \
+            --seed 1 --total-steps 30000 --set eval_interval=0 --no-progress --run-dir "$r" $extra
+        grep -h "finished" "$LOGS/train_breakout_$arm.log" | tail -n 1
+    done
     ;;
 seeds)
     step bench_seeds 120 $PY -m bench.seeds --device cuda --quick
