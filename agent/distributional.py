@@ -6,9 +6,10 @@ in ``[v_min, v_max]`` (``QNetwork(num_atoms=N)``); its action values are expecta
 ``r + gamma^k (1 - done) Z(s', a*)``, with ``a*`` chosen as double DQN chooses it,
 projected back onto the support: each shifted atom ``Tz_j`` (clipped to the support)
 splits its probability between the two atoms around it in proportion to its distance,
-written here as the hat kernel ``max(0, 1 - |b_j - i|)`` with ``b_j = (Tz_j - v_min) /
-dz``. That form has no scatter (deterministic on every device, capturable in a CUDA
-graph) and keeps all the mass when ``b_j`` falls on an atom. The loss is the cross
+written for torch as the hat kernel ``max(0, 1 - |b_j - i|)`` with ``b_j = (Tz_j -
+v_min) / dz``: no scatter (deterministic on every device, capturable in a CUDA graph),
+and all the mass kept when ``b_j`` falls on an atom; numpy counts the same two shares
+into each row's atoms (``bincount``), without the N x N kernel. The loss is the cross
 entropy ``-sum_i m_i log p_i(s, a)``, per sample: also the priority that prioritized
 replay keeps, as in Rainbow.
 
@@ -53,12 +54,17 @@ def project(probs: Array, rewards: Array, bootstrap: Array, support: Array) -> A
     """
     n = support.shape[0]
     if isinstance(probs, np.ndarray):
+        # The same split, as two weighted counts into each row's atoms (no N x N kernel).
         v_min, v_max = float(support[0]), float(support[-1])
         shifted = np.clip(rewards[..., None] + bootstrap[..., None] * support, v_min, v_max)
         b = (shifted - v_min) / ((v_max - v_min) / (n - 1))  # (..., N): where atoms land
-        atoms = np.arange(n, dtype=b.dtype)[:, None]  # (N target, 1)
-        kernel = np.maximum(1.0 - np.abs(b[..., None, :] - atoms), 0.0)  # (..., N, N)
-        return (kernel * probs[..., None, :]).sum(axis=-1)
+        lower = np.minimum(np.floor(b), n - 2).astype(np.int64)  # b = N-1: all to the top
+        upper_share = b - lower  # in [0, 1]
+        rows = np.arange(b.size // n).reshape(*b.shape[:-1], 1) * n
+        size = b.size
+        m = np.bincount((rows + lower).ravel(), (probs * (1.0 - upper_share)).ravel(), size)
+        m += np.bincount((rows + lower + 1).ravel(), (probs * upper_share).ravel(), size)
+        return m.reshape(b.shape).astype(probs.dtype, copy=False)
     # The bounds stay tensors: no host read (a CUDA graph, the meta device).
     v_min, v_max = support[0], support[-1]
     shifted = torch.clamp(rewards.unsqueeze(-1) + bootstrap.unsqueeze(-1) * support, v_min, v_max)
