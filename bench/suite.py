@@ -407,8 +407,9 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for both of our agents, e.g. update_noise=0 "
                         "(repeatable; named in each env's header)")
-    p.add_argument("--config", metavar="FILE",
-                   help="a YAML file of overrides for both of our agents, applied after the "
+    p.add_argument("--config", metavar="FILE|PRESET",
+                   help="a YAML file of overrides for both of our agents (or a preset's name: "
+                        "rainbow), applied after the "
                         "env's own YAML (configs/default.yaml: the default config on an env "
                         "that has a YAML)")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time")
@@ -435,9 +436,14 @@ def main() -> int:
     # run.py runs from the repository root: pass the file as an absolute path.
     config_file = None
     if args.config:
-        if not Path(args.config).is_file():
-            p.error(f"--config {args.config}: no such file")
-        config_file = str(Path(args.config).resolve())
+        from agent.config import presets
+
+        if args.config in presets():  # a preset's name, as run.py takes it
+            config_file = args.config
+        elif not Path(args.config).is_file():
+            p.error(f"--config {args.config}: no such file, nor a preset ({', '.join(presets())})")
+        else:
+            config_file = str(Path(args.config).resolve())
     seeds = parse_seeds(args.seeds)
     workdir = Path(tempfile.mkdtemp(prefix="bench_suite_"))
     try:
