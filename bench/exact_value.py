@@ -35,6 +35,7 @@ __all__ = [
     "exact_value_of_checkpoint",
     "expected_return",
     "greedy_table",
+    "optimal_return",
     "state_observation",
 ]
 
@@ -78,6 +79,16 @@ def expected_return(model: TabularModel, policy: np.ndarray, horizon: int) -> fl
     value = np.zeros(model.n_states)  # the return of the 0 steps that are left
     for _ in range(horizon):
         value = reward + next_p @ value
+    return float(model.initial @ value)
+
+
+def optimal_return(model: TabularModel, horizon: int) -> float:
+    """The most any policy can expect over at most ``horizon`` steps from the start
+    distribution (dynamic programming with a max over actions at every step left): a
+    target return above it can only be reached by luck."""
+    value = np.zeros(model.n_states)  # the best return of the 0 steps that are left
+    for _ in range(horizon):
+        value = (model.reward + model.next @ value).max(axis=1)  # (S, A) -> (S,)
     return float(model.initial @ value)
 
 

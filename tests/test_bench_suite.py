@@ -13,6 +13,7 @@ import gymnasium as gym
 import pytest
 
 import bench.suite
+from agent.config import load_config
 from agent.errors import UserError
 
 
@@ -29,9 +30,10 @@ def test_thresholds_come_from_the_goal_then_the_table_then_the_registry(suite):
     assert suite.threshold_of("MountainCar-v0") == (-110.0, "the classic-control goal")
     assert suite.threshold_of("CartPole-v0")[0] == gym.spec("CartPole-v0").reward_threshold
     assert suite.threshold_of("FrozenLake-v1") == (0.7, "registered reward_threshold")
-    # Registered at 8, above what the optimal policy averages: the table overrides it.
+    # Registered at 8, above what the optimal policy averages: the table overrides it
+    # with the target of the env's YAML.
     assert gym.spec("Taxi-v4").reward_threshold == 8
-    assert suite.threshold_of("Taxi-v4")[0] is None
+    assert suite.threshold_of("Taxi-v4")[0] == load_config("Taxi-v4").target_return == 7.0
     assert suite.threshold_of("Blackjack-v1") == (None, "none registered")
     with pytest.raises(UserError, match="unknown environment id"):
         suite.threshold_of("NoSuchEnv-v0")

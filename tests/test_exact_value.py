@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import bench.exact_value
+from agent.config import load_config
 from agent.errors import UserError
 from conftest import train_checkpoint
 from envs import make_env
@@ -37,6 +38,34 @@ def test_a_deterministic_path_is_worth_its_reward_only_within_the_time_limit(exa
     assert exact.expected_return(model, table, horizon=100) == 0.0
     table[8] = UP  # 8 -> 4 -> 8 ...: never terminates, worth nothing, and the sum stays finite
     assert exact.expected_return(model, table, horizon=1000) == 0.0
+
+
+def test_the_optimal_return_bounds_every_policy_and_is_reached_by_the_best(exact):
+    model = exact.TabularModel(gym.make("FrozenLake-v1", is_slippery=False))
+    assert exact.optimal_return(model, horizon=6) == 1.0  # the shortest path is 6 moves
+    assert exact.optimal_return(model, horizon=5) == 0.0
+    slippery = exact.TabularModel(gym.make("FrozenLake-v1"))
+    best = exact.optimal_return(slippery, horizon=100)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        table = rng.integers(4, size=16)
+        assert exact.expected_return(slippery, table, horizon=100) <= best + 1e-12
+    assert 0.7 < best < 0.75  # the known optimum of slippery 4x4 is about 0.74
+
+
+@pytest.mark.parametrize(
+    "env_id", ["FrozenLake-v1", "FrozenLake8x8-v1", "CliffWalking-v1", "Taxi-v4"]
+)
+def test_the_target_of_a_tabular_env_is_within_what_a_policy_can_expect(exact, env_id):
+    """The early stop waits for a confirmed mean at the target: above the optimum it
+    never comes, and the run ends wherever its last updates left the policy."""
+    cfg = load_config(env_id)
+    env = make_env(env_id, env_kwargs=cfg.env_kwargs)
+    target = cfg.target_return if cfg.target_return is not None else env.spec.reward_threshold
+    if target is None:
+        pytest.skip(f"{env_id}: no target")
+    best = exact.optimal_return(exact.TabularModel(env), env.spec.max_episode_steps)
+    assert target <= best
 
 
 def test_the_exact_return_is_what_sampled_episodes_converge_to(exact):
