@@ -53,17 +53,13 @@ def test_the_optimal_return_bounds_every_policy_and_is_reached_by_the_best(exact
     assert 0.7 < best < 0.75  # the known optimum of slippery 4x4 is about 0.74
 
 
-@pytest.mark.parametrize(
-    "env_id", ["FrozenLake-v1", "FrozenLake8x8-v1", "CliffWalking-v1", "Taxi-v4"]
-)
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "FrozenLake8x8-v1", "Taxi-v4"])
 def test_the_target_of_a_tabular_env_is_within_what_a_policy_can_expect(exact, env_id):
     """The early stop waits for a confirmed mean at the target: above the optimum it
     never comes, and the run ends wherever its last updates left the policy."""
     cfg = load_config(env_id)
     env = make_env(env_id, env_kwargs=cfg.env_kwargs)
     target = cfg.target_return if cfg.target_return is not None else env.spec.reward_threshold
-    if target is None:
-        pytest.skip(f"{env_id}: no target")
     best = exact.optimal_return(exact.TabularModel(env), env.spec.max_episode_steps)
     assert target <= best
 
