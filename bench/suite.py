@@ -17,8 +17,9 @@ alone), every seed a separate process, timed as a whole (start-up included; with
   SB3's DQN with the rl-zoo3 2.9.2 hyperparameters for the env (``bench/cartpole.py``
   runs it), for the zoo's step budget.
 
-The threshold of an env is the one in ``THRESHOLD`` (the three above), else the one in
-``THRESHOLD_TABLE`` (with its reason), else gymnasium's registered ``reward_threshold``;
+The threshold of an env is the one in ``THRESHOLD`` (the three above), else the
+``target_return`` of the env's own YAML (the early stop's target: Taxi-v4's, whose
+registered threshold no policy can expect), else gymnasium's registered ``reward_threshold``;
 an env with none (Blackjack-v1) gets no solve rate and no steps to solve, only the
 final returns. Each env's header says which config files its runs used. After the
 per-env tables, one table compares the default command with its epsilon-greedy ablation
@@ -64,7 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agent.config import env_config_file
+from agent.config import env_config_file, load_config, presets
 from agent.sweep import bootstrap_ci, iqm
 from agent.sweep.stats import iqm_rows
 from bench.cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
@@ -104,12 +105,6 @@ SB3_ZOO = {
 }
 SB3_EVAL_EVERY = {"CartPole-v1": 1_000, "Acrobot-v1": 5_000, "MountainCar-v0": 5_000}
 THRESHOLD = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
-# Other envs: gymnasium's registered reward_threshold, except where this table says
-# otherwise (threshold or None, and why), as the env's YAML does for our agents' early stop.
-THRESHOLD_TABLE: dict[str, tuple[float | None, str]] = {
-    "Taxi-v4": (7.0, "its registered 8 is above what any policy can expect, 7.93 "
-                "(bench.exact_value.optimal_return); configs/Taxi-v4.yaml's target_return"),
-}
 EPSILON = ["--set", "exploration=epsilon", "--set", "noisy_layers=none"]
 AGENTS = ("noisy (ours, default command)", "epsilon-greedy (ours, same config)",
           "sb3 DQN (rl-zoo3)")
@@ -120,14 +115,14 @@ def threshold_of(env_id: str) -> tuple[float | None, str]:
     comes from; raises ``UserError`` for an id that is not registered."""
     if env_id in THRESHOLD:
         return THRESHOLD[env_id], "the classic-control goal"
-    if env_id in THRESHOLD_TABLE:
-        value, why = THRESHOLD_TABLE[env_id]
-        return value, why
     import gymnasium as gym
 
     from envs import check_env_id
 
     check_env_id(env_id)  # registers MinAtar and MiniGrid ids, as run.py does
+    target = load_config(env_id).target_return  # null in default.yaml: the env's YAML set it
+    if target is not None:
+        return target, f"target_return of configs/{env_config_file(env_id).name}"
     registered = gym.spec(env_id).reward_threshold
     if registered is None:
         return None, "none registered"
@@ -434,8 +429,6 @@ def main() -> int:
     # run.py runs from the repository root: pass the file as an absolute path.
     config_file = None
     if args.config:
-        from agent.config import presets
-
         if args.config in presets():  # a preset's name, as run.py takes it
             config_file = args.config
         elif not Path(args.config).is_file():
