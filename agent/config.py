@@ -92,6 +92,12 @@ class Config:
     """Widths of the hidden layers of the Q head."""
     dueling: bool = False
     """Dueling head: Q = V + A - mean(A)."""
+    dueling_streams: Literal["hidden", "linear"] = "hidden"
+    """Layers of each dueling stream. ``hidden``: a hidden layer of its own (the last of
+    hidden_sizes) and an output layer, as in Wang et al. 2016 and Rainbow. ``linear``: every
+    hidden layer shared and one output layer per stream, as in Revisiting Rainbow's MinAtar
+    network (whose streams read the convolution's features): the head costs little more than
+    a plain one (docs/research/log.md#rainbow-cost)."""
     distributional: bool = False
     """C51 head (Bellemare et al. 2017): a categorical distribution of the return over
     num_atoms atoms from v_min to v_max for each action, learned by the cross entropy to

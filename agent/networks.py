@@ -20,6 +20,7 @@ __all__ = ["MIN_NATURE_SIZE", "MinAtarCNN", "NatureCNN", "QNetwork"]
 MIN_NATURE_SIZE = 36
 
 NoisyLayers = Literal["all", "last", "none"]
+DuelingStreams = Literal["hidden", "linear"]
 
 
 class NatureCNN(nn.Module):
@@ -135,8 +136,8 @@ class QNetwork(nn.Module):
             ``W`` is under 36 (the Nature CNN's minimum).
         n_actions: number of discrete actions.
         hidden_sizes: widths of the hidden linear layers of the head (after the
-            torso, if any). With ``dueling``, the last width is the hidden layer
-            of each stream and the others are shared.
+            torso, if any). With ``dueling`` and ``dueling_streams="hidden"``, the last
+            width is the hidden layer of each stream and the others are shared.
         noisy_layers: which linear layers are NoisyLinear: ``"all"`` (every
             linear layer of the head, as in NoisyNet-DQN), ``"last"`` (only the
             output layer of each stream), or ``"none"`` (plain DQN, for
@@ -144,6 +145,11 @@ class QNetwork(nn.Module):
         sigma0: initial noise scale of the NoisyLinear layers.
         dueling: value and advantage streams, Q = V + A - mean(A)
             (Wang et al. 2016).
+        dueling_streams: ``"hidden"``: each stream has a hidden layer of its own (the
+            last of ``hidden_sizes``), as in Wang et al. 2016 and Rainbow. ``"linear"``:
+            every hidden layer is shared and each stream is one linear layer over the
+            last (over the torso's features when there is none, as in Revisiting
+            Rainbow's MinAtar network); the head then costs little more than a plain one.
         num_atoms: 1 for action values; N >= 2 for a C51 head (Bellemare et al. 2017):
             logits over N atoms evenly spaced in ``[v_min, v_max]`` for every action,
             the dueling streams combined per atom as Rainbow combines them.
@@ -163,6 +169,7 @@ class QNetwork(nn.Module):
         noisy_layers: NoisyLayers = "all",
         sigma0: float = 0.5,
         dueling: bool = False,
+        dueling_streams: DuelingStreams = "hidden",
         num_atoms: int = 1,
         v_min: float = -10.0,
         v_max: float = 10.0,
@@ -178,8 +185,15 @@ class QNetwork(nn.Module):
             raise ValueError(f"noisy_layers must be 'all', 'last' or 'none', got {noisy_layers!r}")
         if any(h < 1 for h in hidden_sizes):
             raise ValueError(f"hidden sizes must be positive, got {hidden_sizes}")
-        if dueling and not hidden_sizes:
-            raise ValueError("a dueling head needs at least one hidden layer")
+        if dueling_streams not in ("hidden", "linear"):
+            raise ValueError(
+                f"dueling_streams must be 'hidden' or 'linear', got {dueling_streams!r}"
+            )
+        if dueling and dueling_streams == "hidden" and not hidden_sizes:
+            raise ValueError(
+                "a dueling head with a hidden layer per stream needs at least one hidden layer"
+                " (or dueling_streams='linear')"
+            )
         if num_atoms < 1:
             raise ValueError(f"num_atoms must be 1 (action values) or >= 2 (C51), got {num_atoms}")
         factory = {"device": device, "dtype": dtype}
@@ -217,17 +231,16 @@ class QNetwork(nn.Module):
             sizes = [features, *hidden_sizes, outputs]
             self.head = _mlp(sizes, noisy_flags(len(sizes) - 1), sigma0, factory)
         else:
-            shared = [features, *hidden_sizes[:-1]]
-            if noisy_layers == "all":
-                shared_flags = [True] * (len(shared) - 1)
-            else:
-                shared_flags = [False] * (len(shared) - 1)
+            # Each stream's layers: its own hidden layer and output, or the output alone.
+            stream = [hidden_sizes[-1]] if dueling_streams == "hidden" else []
+            shared = [features, *hidden_sizes[: len(hidden_sizes) - len(stream)]]
+            shared_flags = [noisy_layers == "all"] * (len(shared) - 1)
             self.head = _mlp(shared, shared_flags, sigma0, factory)
             if len(shared) > 1:
                 self.head.append(nn.ReLU())
-            stream_in, width = shared[-1], hidden_sizes[-1]
-            self.value = _mlp([stream_in, width, self.num_atoms], noisy_flags(2), sigma0, factory)
-            self.advantage = _mlp([stream_in, width, outputs], noisy_flags(2), sigma0, factory)
+            flags = noisy_flags(len(stream) + 1)
+            self.value = _mlp([shared[-1], *stream, self.num_atoms], flags, sigma0, factory)
+            self.advantage = _mlp([shared[-1], *stream, outputs], flags, sigma0, factory)
         # Cached at construction (found by type): resetting noise is on the hot path.
         self._noisy = find_noisy_layers(self)
 

@@ -162,6 +162,7 @@ def build_q_network(
         noisy_layers=cfg.noisy_layers,
         sigma0=cfg.sigma0,
         dueling=cfg.dueling,
+        dueling_streams=cfg.dueling_streams,
         num_atoms=cfg.num_atoms if cfg.distributional else 1,
         v_min=cfg.v_min,
         v_max=cfg.v_max,

@@ -241,7 +241,12 @@ def rainbow(args: argparse.Namespace) -> int:
                     kept.setdefault(game, {}).setdefault("default", {})[seed] = r
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_rainbow_"))
         extra = [a for kv in args.set for a in ("--set", kv)]
-        results = run_arms(games, seeds, RAINBOW_ARMS, workdir, args.jobs, extra, kept)
+        names = args.arms.split(",")
+        if "rainbow" not in names or not set(names) <= set(RAINBOW_ARMS):
+            raise SystemExit(f"--arms {args.arms}: name rainbow and any of "
+                             f"{', '.join(RAINBOW_ARMS)}, comma-separated")  # fmt: skip
+        arms = {a: RAINBOW_ARMS[a] for a in names}
+        results = run_arms(games, seeds, arms, workdir, args.jobs, extra, kept)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
 
@@ -255,14 +260,20 @@ def rainbow(args: argparse.Namespace) -> int:
     over_dqn = over_rainbow = 0
     shown = [g for g in games if results.get(g, {}).get("rainbow")]
     for game in shown:
-        finals = {a: [r["final_eval_return"] for r in results[game][a]] for a in RAINBOW_ARMS}
+        # An arm left out of the invocation (--arms) shows as a dash.
+        finals = {a: [r["final_eval_return"] for r in results[game].get(a, [])]
+                  for a in RAINBOW_ARMS}  # fmt: skip
         cells = []
         for arm in RAINBOW_ARMS:
             f = finals[arm]
-            lo, hi = bootstrap_ci(f)
-            cells.append(f"{statistics.median(f):.1f} ({iqm(f):.1f} [{lo:.1f}, {hi:.1f}])")
+            lo, hi = bootstrap_ci(f) if f else (0.0, 0.0)
+            cells.append(f"{statistics.median(f):.1f} ({iqm(f):.1f} [{lo:.1f}, {hi:.1f}])"
+                         if f else "—")  # fmt: skip
         diffs = []
         for other in ("rainbow-no-noise", "default"):
+            if not finals[other]:
+                diffs.append("—")
+                continue
             mean, lo, hi = paired_ci(finals["rainbow"], finals[other])
             diffs.append(f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]")
         dqn, rb, rb_no_noise = REVISITING_RAINBOW[game]
@@ -270,14 +281,16 @@ def rainbow(args: argparse.Namespace) -> int:
         over_dqn += median >= dqn
         over_rainbow += median >= rb
         walls = {a: statistics.median(r["wall_s"] for r in results[game][a]) / 60
-                 for a in ("rainbow", "default")}  # fmt: skip
+                 for a in ("rainbow", "default") if finals[a]}  # fmt: skip
+        wall = (f"{walls['rainbow']:.1f} / {walls['default']:.1f} "
+                f"({walls['rainbow'] / walls['default']:.2f}x)" if "default" in walls
+                else f"{walls['rainbow']:.1f} / —")  # fmt: skip
         print(f"| {game} | {seeds_of(results[game]['rainbow'])} | {' | '.join(cells)} | "
               f"{' | '.join(diffs)} | {dqn:g} / {rb:g} / {rb_no_noise:g} | "
               f"{'yes' if median >= dqn else 'no'}, {'yes' if median >= rb else 'no'} | "
-              f"{walls['rainbow']:.1f} / {walls['default']:.1f} "
-              f"({walls['rainbow'] / walls['default']:.2f}x) |")
-        curves = {a: [r["eval_curve"] for r in results[game][a] if r.get("eval_curve")]
-                  for a in RAINBOW_ARMS}
+              f"{wall} |")
+        curves = {a: [r["eval_curve"] for r in results[game].get(a, []) if r.get("eval_curve")]
+                  for a in RAINBOW_ARMS if finals[a]}  # fmt: skip
         if args.plot_dir and all(curves.values()):
             args.plot_dir.mkdir(parents=True, exist_ok=True)
             budget = max(s for runs in curves.values() for c in runs for s, _ in c)
@@ -397,6 +410,39 @@ def speed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cost(args: argparse.Namespace) -> int:
+    """Wall time per frame of the rainbow arms against the default, side by side: each arm
+    ``--frames`` steps of one game with periodic evaluations off, one thread, pinned to one
+    core, the arms interleaved ``--repeats`` times so that drift hits each alike."""
+    env_id = f"MinAtar/{args.game}-v0"
+    preset = [a for kv in args.preset_set for a in ("--set", kv)]
+    arms = {"default": [], "rainbow": [*RAINBOW_ARMS["rainbow"], *preset],
+            "rainbow-no-noise": [*RAINBOW_ARMS["rainbow-no-noise"], *preset]}  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix="bench_minatar_cost_"))
+    walls: dict[str, list[float]] = {arm: [] for arm in arms}
+    for repeat in range(args.repeats):
+        for arm, flags in arms.items():
+            cmd = [sys.executable, "run.py", "--env", env_id, "--seed", str(args.seed),
+                   "--total-steps", str(args.frames), "--no-progress",
+                   "--run-dir", str(workdir / f"{arm}-{repeat}"), "--set", "eval_interval=0",
+                   "--set", "confirm_episodes=0", *flags]  # fmt: skip
+            start = time.perf_counter()
+            subprocess.run(_pinned(cmd, args.core), cwd=ROOT, check=True, env=_one_thread_env(),
+                           capture_output=True)
+            walls[arm].append(time.perf_counter() - start)
+    base = statistics.median(walls["default"])
+    overrides = " ".join(args.preset_set) or "none"
+    print(f"\n{env_id}, {args.frames:,} frames a run, {args.repeats} runs an arm, one thread "
+          f"on core {args.core}; CPU: {_cpu()}; preset overrides: {overrides}\n")
+    print("| arm | wall per run, median (min-max) s | ms per frame | against the default |")
+    print("|---|---|---|---|")
+    for arm, w in walls.items():
+        median = statistics.median(w)
+        print(f"| {arm} | {median:.1f} ({min(w):.1f}-{max(w):.1f}) | "
+              f"{1000 * median / args.frames:.2f} | {median / base:.2f}x |")
+    return 0
+
+
 def _training_returns(run_dir: Path) -> list[float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -437,6 +483,9 @@ def main() -> int:
     rp.add_argument("--jobs", type=int, default=2)
     rp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every arm (repeatable)")
+    rp.add_argument("--arms", default=",".join(RAINBOW_ARMS),
+                    help="which arms to run, of " + ", ".join(RAINBOW_ARMS) + " (the others "
+                         "show as dashes)")
     rp.add_argument("--plot-dir", type=Path)
     rp.add_argument("--json", type=Path)
     rp.add_argument("--from-json", type=Path, help="re-read an earlier --json instead of training")
@@ -452,8 +501,17 @@ def main() -> int:
     sp.add_argument("--frames", type=int, default=300_000)
     sp.add_argument("--seed", type=int, default=1)
     sp.add_argument("--core", type=int, default=0, help="the core both runs are pinned to")
+    cp = sub.add_parser("cost", help="time per frame: the rainbow arms against the default")
+    cp.add_argument("--game", default="Breakout", help="Asterix, Breakout, ...")
+    cp.add_argument("--frames", type=int, default=100_000,
+                    help="steps a run, the first learning_starts (5,000) without updates")
+    cp.add_argument("--repeats", type=int, default=3)
+    cp.add_argument("--seed", type=int, default=1)
+    cp.add_argument("--core", type=int, default=0, help="the core every run is pinned to")
+    cp.add_argument("--preset-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the two rainbow arms (repeatable)")
     args = p.parse_args()
-    return {"learn": learn, "rainbow": rainbow, "speed": speed}[args.mode](args)
+    return {"learn": learn, "rainbow": rainbow, "speed": speed, "cost": cost}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,20 @@ def test_the_rainbow_report_pairs_its_arms_and_counts_the_goals(tmp_path, minata
     assert "(2.00x)" in cells[9]
     assert "on 1 and its Rainbow on 1 of 1 games" in proc.stdout
     assert (tmp_path / "plots" / "Breakout.png").exists()
+
+
+def test_the_rainbow_report_shows_an_arm_not_run_as_a_dash(tmp_path, minatar):
+    """--arms rainbow,rainbow-no-noise: the default's cells are dashes, not an error."""
+    runs = {arm: [{"run_dir": f"/w/Seaquest/{arm}/seed{s}", "final_eval_return": f,
+                   "eval_curve": [[1000, f]], "wall_s": 90.0}
+                  for s, f in ((101, 5.0), (102, 7.0))] for arm in ("rainbow", "rainbow-no-noise")}
+    path = tmp_path / "rainbow.json"
+    path.write_text(json.dumps({"Seaquest": runs}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--from-json", str(path),
+         "--games", "Seaquest"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| Seaquest")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "—" and cells[6] == "—"  # the default, and rainbow minus it
+    assert cells[5].startswith("+0.0")  # rainbow minus no noise: equal on both seeds
+    assert cells[9] == "1.5 / —"

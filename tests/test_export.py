@@ -47,6 +47,9 @@ NETWORKS = {
     "dueling": ("CartPole-v1", {"noisy_layers": "all", "dueling": True}, 1_000),
     "c51": ("CartPole-v1", {"noisy_layers": "all", "dueling": True, "distributional": True,
                             "num_atoms": 11, "prioritized_replay": True}, 1_000),
+    "c51-linear-streams": ("CartPole-v1", {"noisy_layers": "all", "dueling": True,
+                                           "dueling_streams": "linear", "distributional": True,
+                                           "num_atoms": 11}, 1_000),
     "cnn": ("NoisyDQN/Frames-v0", {"hidden_sizes": [64]}, 300),
 }
 

@@ -310,10 +310,10 @@ def test_numpy_updates_equal_autograd_updates(noisy: str, dueling: bool, kw: dic
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["uniform", "importance-weights"])
 @pytest.mark.parametrize("kw", [{}, {"double_dqn": False, "max_grad_norm": 0.5}], ids=str)
-@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("dueling", [False, True, "linear"])
 @pytest.mark.parametrize("num_atoms", [1, 7], ids=["values", "c51"])
 def test_numpy_updates_equal_autograd_updates_for_every_head_and_weights(
-    num_atoms: int, dueling: bool, kw: dict, weighted: bool
+    num_atoms: int, dueling: bool | str, kw: dict, weighted: bool
 ) -> None:
     """The C51 head's numpy gradient (and the importance weights of prioritized replay)
     against autograd, to 1e-10 in float64."""
@@ -321,11 +321,14 @@ def test_numpy_updates_equal_autograd_updates_for_every_head_and_weights(
 
 
 def _numpy_equals_autograd(
-    noisy: str, dueling: bool, kw: dict, num_atoms: int = 1, weighted: bool = False
+    noisy: str, dueling: bool | str, kw: dict, num_atoms: int = 1, weighted: bool = False
 ) -> None:
+    """``dueling``: False, True (a hidden layer per stream) or ``"linear"`` (linear streams)."""
     torch.manual_seed(0)
-    net = QNetwork((4,), 3, (16, 8), noisy_layers=noisy, dueling=dueling, dtype=torch.float64,
-                   num_atoms=num_atoms, v_min=-3.0, v_max=3.0)  # fmt: skip
+    streams = "linear" if dueling == "linear" else "hidden"
+    net = QNetwork((4,), 3, (16, 8), noisy_layers=noisy, dueling=bool(dueling),
+                   dueling_streams=streams, dtype=torch.float64, num_atoms=num_atoms,
+                   v_min=-3.0, v_max=3.0)  # fmt: skip
     a, b = _twin_learners(net, lr=1e-2, **kw)
     assert (a.backend, b.backend) == ("torch", "numpy")
     with torch.no_grad():  # make the online and target nets disagree (double DQN matters)

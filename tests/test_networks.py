@@ -12,7 +12,8 @@ from agent.networks import MinAtarCNN, NatureCNN, QNetwork
 from agent.noisy import NoisyLinear, noise_disabled, noisy_layers
 
 def _cfg_id(cfg: dict) -> str:
-    return f"{cfg['obs_shape']}-duel{cfg.get('dueling', False)}"
+    duel = cfg.get("dueling", False) and cfg.get("dueling_streams", "hidden")
+    return f"{cfg['obs_shape']}-{cfg['hidden_sizes']}-duel{duel}"
 
 
 CONFIGS = [
@@ -23,6 +24,9 @@ CONFIGS = [
     {"obs_shape": (2, 36, 36), "hidden_sizes": (32,), "dueling": True},
     {"obs_shape": (4, 10, 10), "hidden_sizes": (32,)},  # the MinAtar CNN
     {"obs_shape": (3, 7, 5), "hidden_sizes": (8,), "dueling": True},
+    {"obs_shape": (4,), "hidden_sizes": (16, 16), "dueling": True, "dueling_streams": "linear"},
+    # Revisiting Rainbow's MinAtar network: the streams read the convolution's features.
+    {"obs_shape": (4, 10, 10), "hidden_sizes": (), "dueling": True, "dueling_streams": "linear"},
 ]
 
 
@@ -61,8 +65,31 @@ def test_noisy_layer_selection() -> None:
     assert all(not isinstance(m, NoisyLinear) for m in cnn.torso.modules())
 
 
-def test_dueling_head_subtracts_mean_advantage() -> None:
-    net = QNetwork((4,), 3, (8, 8), dueling=True)
+def test_linear_dueling_streams_share_every_hidden_layer() -> None:
+    hidden = QNetwork((4,), 3, (8, 6), dueling=True, noisy_layers="last")
+    linear = QNetwork((4,), 3, (8, 6), dueling=True, dueling_streams="linear",
+                      noisy_layers="last")  # fmt: skip
+
+    def linears(module: torch.nn.Module) -> list[tuple[int, int]]:
+        return [(m.in_features, m.out_features) for m in module.modules()
+                if isinstance(m, (torch.nn.Linear, NoisyLinear))]  # fmt: skip
+
+    assert linears(hidden.head) == [(4, 8)]
+    assert linears(hidden.value) == [(8, 6), (6, 1)]
+    assert linears(linear.head) == [(4, 8), (8, 6)]
+    assert linears(linear.value) == [(6, 1)] and linears(linear.advantage) == [(6, 3)]
+    # noisy_layers="last": the output layer of each stream, whichever layout.
+    assert sorted(m.out_features for m in noisy_layers(linear)) == [1, 3]
+    all_noisy = QNetwork((4,), 3, (8, 6), dueling=True, dueling_streams="linear")
+    assert len(noisy_layers(all_noisy)) == 4
+    # With no hidden layer the streams read the torso's features.
+    bare = QNetwork((4, 10, 10), 3, (), dueling=True, dueling_streams="linear")
+    assert linears(bare) == [(bare.torso.out_features, 1), (bare.torso.out_features, 3)]
+
+
+@pytest.mark.parametrize("streams", ["hidden", "linear"])
+def test_dueling_head_subtracts_mean_advantage(streams: str) -> None:
+    net = QNetwork((4,), 3, (8, 8), dueling=True, dueling_streams=streams)  # type: ignore[arg-type]
     x = torch.randn(6, 4)
     q = net(x)
     features = net.head(x)
@@ -191,6 +218,10 @@ def test_invalid_arguments() -> None:
         QNetwork((4,), 2, noisy_layers="some")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="3x3"):
         QNetwork((1, 2, 20), 2)
+    with pytest.raises(ValueError, match="dueling_streams"):
+        QNetwork((4,), 2, dueling=True, dueling_streams="none")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="hidden layer"):
+        QNetwork((4,), 2, (), dueling=True)
 
 
 @pytest.mark.gpu

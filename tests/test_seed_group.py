@@ -94,10 +94,13 @@ def test_a_seed_does_not_depend_on_the_seeds_beside_it(tmp_path: Path) -> None:
     _same_run(tmp_path / "alone" / "seed_1", tmp_path / "with3" / "seed_1")
 
 
-def test_a_group_with_c51_and_prioritized_replay_is_each_seed_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("streams", ["hidden", "linear"])
+def test_a_group_with_c51_and_prioritized_replay_is_each_seed_alone(
+    tmp_path: Path, streams: str
+) -> None:
     """Each seed's priorities come back from the stacked update to its own replay."""
     rainbow = {"distributional": True, "num_atoms": 7, "prioritized_replay": True,
-               "dueling": True, "total_steps": 1_000}  # fmt: skip
+               "dueling": True, "dueling_streams": streams, "total_steps": 1_000}  # fmt: skip
     _group(tmp_path / "alone", [2], **rainbow)
     _group(tmp_path / "together", [1, 2], **rainbow)
     _same_run(tmp_path / "alone" / "seed_2", tmp_path / "together" / "seed_2")

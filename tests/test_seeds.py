@@ -52,7 +52,8 @@ CONFIGS = [
     for noisy, dueling, hidden in itertools.product(
         ["all", "last", "none"], [False, True], [(8,), (8, 6)]
     )
-]
+] + [{"noisy_layers": noisy, "dueling": True, "dueling_streams": "linear", "hidden": (8, 6)}
+     for noisy in ("all", "last")]  # fmt: skip
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)

@@ -1013,13 +1013,15 @@ def test_the_rainbow_preset_trains_every_component_and_each_is_one_key(tmp_path:
     assert (cfg.distributional, cfg.prioritized_replay, cfg.dueling, cfg.double_dqn) == (
         True, True, True, True)  # fmt: skip
     assert cfg.exploration == "noisy" and cfg.n_step == 3 and cfg.noisy_epsilon == 0
-    assert cfg.lr == load_config("CartPole-v1").lr  # the env's own YAML underneath
+    env_own = load_config("CartPole-v1")  # the env's own YAML underneath
+    assert (cfg.lr, cfg.noisy_layers) == (env_own.lr, env_own.noisy_layers)
+    assert cfg.dueling_streams == "linear"
     result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
     assert result.status == "finished" and result.updates > 0
     assert result.learner_backend == "numpy"  # C51 and the weights on the CPU fast path
     data = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    head = data["q_network"]["advantage.2.weight_mu"]
-    assert head.shape[0] == 2 * cfg.num_atoms  # CartPole's 2 actions, an atom each
+    head = data["q_network"]["advantage.0.weight_mu"]  # a stream is one layer
+    assert head.shape == (2 * cfg.num_atoms, cfg.hidden_sizes[-1])  # 2 actions, each its atoms
     ablated = load_config("CartPole-v1", "rainbow", overrides={"prioritized_replay": False})
     assert not ablated.prioritized_replay and ablated.distributional
 
