@@ -32,6 +32,14 @@ Revisiting Rainbow's 10M-frame training returns beside them, and the wall time p
 The default's runs of an earlier ``learn`` report can stand in for its arm
 (``--default-from-json``): its trajectories did not change since.
 
+Cost of the preset (one game, the default and the two rainbow arms, each ``--frames``
+steps, interleaved ``--repeats`` times on one core; ``--preset-set`` tries a setting on
+the rainbow arms)::
+
+    python -m bench.minatar_suite cost --game Breakout --frames 40000 --repeats 3 --core 0
+
+prints each arm's median wall time per run, per frame, and its ratio to the default's.
+
 Speed (one game, against MinAtar's ``examples/dqn.py``, run unchanged but for its frame
 budget; clone https://github.com/kenjyoung/MinAtar for it)::
 

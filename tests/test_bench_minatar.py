@@ -104,3 +104,19 @@ def test_the_rainbow_report_shows_an_arm_not_run_as_a_dash(tmp_path, minatar):
     assert cells[4] == "—" and cells[6] == "—"  # the default, and rainbow minus it
     assert cells[5].startswith("+0.0")  # rainbow minus no noise: equal on both seeds
     assert cells[9] == "1.5 / —"
+
+
+@pytest.mark.slow
+def test_the_cost_table_times_each_arm_against_the_default_of_the_same_invocation():
+    pytest.importorskip("minatar")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.minatar_suite", "cost", "--frames", "6000",
+         "--repeats", "1", "--preset-set", "num_atoms=11"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=600)
+    rows = {cells[0]: cells for line in proc.stdout.splitlines() if line.startswith("| ")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}  # fmt: skip
+    assert rows["default"][3] == "1.00x"
+    for arm in ("rainbow", "rainbow-no-noise"):
+        ms_per_frame, ratio = float(rows[arm][2]), float(rows[arm][3].rstrip("x"))
+        assert ms_per_frame > 0 and ratio > 0
+    assert "preset overrides: num_atoms=11" in proc.stdout
