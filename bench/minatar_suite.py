@@ -249,11 +249,7 @@ def rainbow(args: argparse.Namespace) -> int:
                     kept.setdefault(game, {}).setdefault("default", {})[seed] = r
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_rainbow_"))
         extra = [a for kv in args.set for a in ("--set", kv)]
-        names = args.arms.split(",")
-        if "rainbow" not in names or not set(names) <= set(RAINBOW_ARMS):
-            raise SystemExit(f"--arms {args.arms}: name rainbow and any of "
-                             f"{', '.join(RAINBOW_ARMS)}, comma-separated")  # fmt: skip
-        arms = {a: RAINBOW_ARMS[a] for a in names}
+        arms = {a: RAINBOW_ARMS[a] for a in args.arms.split(",")}
         results = run_arms(games, seeds, arms, workdir, args.jobs, extra, kept)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
@@ -274,9 +270,11 @@ def rainbow(args: argparse.Namespace) -> int:
         cells = []
         for arm in RAINBOW_ARMS:
             f = finals[arm]
-            lo, hi = bootstrap_ci(f) if f else (0.0, 0.0)
-            cells.append(f"{statistics.median(f):.1f} ({iqm(f):.1f} [{lo:.1f}, {hi:.1f}])"
-                         if f else "—")  # fmt: skip
+            if not f:
+                cells.append("—")
+                continue
+            lo, hi = bootstrap_ci(f)
+            cells.append(f"{statistics.median(f):.1f} ({iqm(f):.1f} [{lo:.1f}, {hi:.1f}])")
         diffs = []
         for other in ("rainbow-no-noise", "default"):
             if not finals[other]:
@@ -519,6 +517,11 @@ def main() -> int:
     cp.add_argument("--preset-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the two rainbow arms (repeatable)")
     args = p.parse_args()
+    if args.mode == "rainbow":
+        names = args.arms.split(",")
+        if "rainbow" not in names or not set(names) <= set(RAINBOW_ARMS):
+            rp.error(f"--arms {args.arms}: name rainbow and any of {', '.join(RAINBOW_ARMS)}, "
+                     "comma-separated")  # fmt: skip
     return {"learn": learn, "rainbow": rainbow, "speed": speed, "cost": cost}[args.mode](args)
 
 

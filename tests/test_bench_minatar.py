@@ -104,6 +104,10 @@ def test_the_rainbow_report_shows_an_arm_not_run_as_a_dash(tmp_path, minatar):
     assert cells[4] == "—" and cells[6] == "—"  # the default, and rainbow minus it
     assert cells[5].startswith("+0.0")  # rainbow minus no noise: equal on both seeds
     assert cells[9] == "1.5 / —"
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--arms", "default"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--arms default" in bad.stderr
 
 
 @pytest.mark.slow
