@@ -66,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -312,6 +313,20 @@ def _pinned(cmd: list[str], core: int) -> list[str]:
     return ["taskset", "-c", str(core), *cmd] if shutil.which("taskset") else cmd
 
 
+def _timed_run(
+    env_id: str, seed: int, frames: int, run_dir: Path, core: int, flags: Sequence[str] = ()
+) -> float:
+    """Wall seconds of one ``run.py`` training run (``flags`` added), periodic evaluations
+    off, on one thread pinned to ``core``."""
+    cmd = [sys.executable, "run.py", "--env", env_id, "--seed", str(seed), "--total-steps",
+           str(frames), "--no-progress", "--run-dir", str(run_dir), "--set", "eval_interval=0",
+           "--set", "confirm_episodes=0", *flags]  # fmt: skip
+    start = time.perf_counter()
+    subprocess.run(_pinned(cmd, core), cwd=ROOT, check=True, env=_one_thread_env(),
+                   capture_output=True)
+    return time.perf_counter() - start
+
+
 def _one_thread_env() -> dict[str, str]:
     env = dict(os.environ)
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -361,13 +376,7 @@ def speed(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench_minatar_speed_"))
     # Ours: the shipped config, periodic evaluations off (the reference has none).
     run_dir = workdir / "ours"
-    cmd = [sys.executable, "run.py", "--env", env_id, "--seed", str(args.seed),
-           "--total-steps", str(args.frames), "--no-progress", "--run-dir", str(run_dir),
-           "--set", "eval_interval=0", "--set", "confirm_episodes=0"]
-    start = time.perf_counter()
-    subprocess.run(_pinned(cmd, args.core), cwd=ROOT, check=True, env=_one_thread_env(),
-                   capture_output=True)
-    ours_wall = time.perf_counter() - start
+    ours_wall = _timed_run(env_id, args.seed, args.frames, run_dir, args.core)
     # The reference, unchanged but for NUM_FRAMES.
     source = Path(args.reference).expanduser().read_text()
     patched, n = re.subn(r"^NUM_FRAMES = .*$", f"NUM_FRAMES = {args.frames}", source,
@@ -422,20 +431,14 @@ def cost(args: argparse.Namespace) -> int:
     core, the arms interleaved ``--repeats`` times so that drift hits each alike."""
     env_id = f"MinAtar/{args.game}-v0"
     preset = [a for kv in args.preset_set for a in ("--set", kv)]
-    arms = {"default": [], "rainbow": [*RAINBOW_ARMS["rainbow"], *preset],
-            "rainbow-no-noise": [*RAINBOW_ARMS["rainbow-no-noise"], *preset]}  # fmt: skip
+    # The rainbow report's arms, the preset's overrides on the two that use the preset.
+    arms = {arm: [*flags, *(preset if flags else [])] for arm, flags in RAINBOW_ARMS.items()}
     workdir = Path(tempfile.mkdtemp(prefix="bench_minatar_cost_"))
     walls: dict[str, list[float]] = {arm: [] for arm in arms}
     for repeat in range(args.repeats):
         for arm, flags in arms.items():
-            cmd = [sys.executable, "run.py", "--env", env_id, "--seed", str(args.seed),
-                   "--total-steps", str(args.frames), "--no-progress",
-                   "--run-dir", str(workdir / f"{arm}-{repeat}"), "--set", "eval_interval=0",
-                   "--set", "confirm_episodes=0", *flags]  # fmt: skip
-            start = time.perf_counter()
-            subprocess.run(_pinned(cmd, args.core), cwd=ROOT, check=True, env=_one_thread_env(),
-                           capture_output=True)
-            walls[arm].append(time.perf_counter() - start)
+            run_dir = workdir / f"{arm}-{repeat}"
+            walls[arm].append(_timed_run(env_id, args.seed, args.frames, run_dir, args.core, flags))
     base = statistics.median(walls["default"])
     overrides = " ".join(args.preset_set) or "none"
     print(f"\n{env_id}, {args.frames:,} frames a run, {args.repeats} runs an arm, one thread "
