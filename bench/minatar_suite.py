@@ -18,7 +18,8 @@ its epsilon 0.1 behaviour, so not the same measure as our noise-free evaluations
 and 5M frames. One agent step is one MinAtar frame (no frame skip). ``--from-json``
 re-reads earlier ``--json`` files instead of training (several: merged, each game's seeds in
 file order); ``--workdir DIR`` keeps the runs in DIR,
-so a second invocation reuses the runs that finished there and resumes the interrupted ones.
+so a second invocation reuses the runs that finished there and resumes the interrupted ones
+(stopped by a signal, or killed outright after a periodic checkpoint).
 
 Rainbow (the five games, three arms on the same code: ``--config rainbow``, the same
 without noisy nets, and today's default)::
@@ -134,11 +135,14 @@ def seeds_of(runs: list[dict]) -> str:
 
 def finished_or_resumed(run_dir: Path) -> dict | None:
     """A run of an earlier ``--workdir`` invocation: its result if it finished, the result of
-    resuming it if it was interrupted, None if it never started."""
+    resuming it if it was interrupted or killed after a checkpoint, None if it never started."""
     path = run_dir / "result.json"
-    if not path.exists():
+    # A run killed outright (SIGKILL, a machine going away) leaves no result.json, only its
+    # last periodic checkpoint; starting it again would throw that part of the run away.
+    killed = not path.exists() and (run_dir / "checkpoints" / "last.pt").exists()
+    if not path.exists() and not killed:
         return None
-    if json.loads(path.read_text())["status"] == "interrupted":
+    if killed or json.loads(path.read_text())["status"] == "interrupted":
         cmd = [sys.executable, "run.py", "--resume", str(run_dir), "--no-progress"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:

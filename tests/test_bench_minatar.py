@@ -124,3 +124,44 @@ def test_the_cost_table_times_each_arm_against_the_default_of_the_same_invocatio
         ms_per_frame, ratio = float(rows[arm][2]), float(rows[arm][3].rstrip("x"))
         assert ms_per_frame > 0 and ratio > 0
     assert "preset overrides: num_atoms=11" in proc.stdout
+
+
+# Dies the way a run does when its machine goes away: SIGKILL, right after the first
+# periodic checkpoint, so no result.json is written.
+KILLED_AFTER_CHECKPOINT = """
+import os, signal, sys
+from agent.cli import entry
+from agent.train import Checkpoints
+save_last = Checkpoints.save_last
+def save_then_die(self, obs):
+    save_last(self, obs)
+    os.kill(os.getpid(), signal.SIGKILL)
+Checkpoints.save_last = save_then_die
+sys.argv = ["run.py", *sys.argv[1:]]
+entry()
+"""
+
+
+def test_a_run_killed_after_a_checkpoint_is_resumed_not_lost(tmp_path, minatar):
+    run_dir = tmp_path / "CartPole" / "rainbow" / "seed0"
+    args = ["--env", "CartPole-v1", "--seed", "0", "--total-steps", "1200", "--no-progress",
+            "--run-dir", str(run_dir), "--set", "checkpoint_interval=400",
+            "--set", "eval_interval=0"]
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_CHECKPOINT, *args], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert killed.returncode == -9
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+    assert not (run_dir / "result.json").exists()
+
+    result = minatar.finished_or_resumed(run_dir)
+    assert result is not None
+    assert result["status"] == "finished"
+    assert result["global_step"] == 1200
+    assert json.loads((run_dir / "result.json").read_text())["global_step"] == 1200
+
+
+def test_a_run_that_never_checkpointed_counts_as_not_started(tmp_path, minatar):
+    run_dir = tmp_path / "seed0"
+    run_dir.mkdir()
+    (run_dir / "events.out.tfevents.0").write_bytes(b"")
+    assert minatar.finished_or_resumed(run_dir) is None
