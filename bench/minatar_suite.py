@@ -31,7 +31,10 @@ prints, per game, each arm's median and IQM, the paired differences of the prese
 the preset without noise (what the noise adds inside Rainbow) and against the default,
 Revisiting Rainbow's 10M-frame training returns beside them, and the wall time per run.
 The default's runs of an earlier ``learn`` report can stand in for its arm
-(``--default-from-json``): its trajectories did not change since.
+(``--default-from-json``): its trajectories did not change since. The report's were
+transcribed from docs/research/log.md into ``bench/minatar_default_report.json`` (scores
+only: such runs have no wall time or curve, so they count in the scores and are not
+drawn); seeds missing there are run.
 
 Cost of the preset (one game, the default and the two rainbow arms, each ``--frames``
 steps, interleaved ``--repeats`` times on one core; ``--preset-set`` tries a setting on
@@ -291,8 +294,10 @@ def rainbow(args: argparse.Namespace) -> int:
         median = statistics.median(finals["rainbow"])
         over_dqn += median >= dqn
         over_rainbow += median >= rb
-        walls = {a: statistics.median(r["wall_s"] for r in results[game][a]) / 60
-                 for a in ("rainbow", "default") if finals[a]}  # fmt: skip
+        # Runs transcribed from an earlier report, without a wall time, count in the scores only.
+        walls = {a: [r["wall_s"] for r in results[game].get(a, []) if r.get("wall_s")]
+                 for a in ("rainbow", "default")}  # fmt: skip
+        walls = {a: statistics.median(w) / 60 for a, w in walls.items() if w}
         wall = (f"{walls['rainbow']:.1f} / {walls['default']:.1f} "
                 f"({walls['rainbow'] / walls['default']:.2f}x)" if "default" in walls
                 else f"{walls['rainbow']:.1f} / —")  # fmt: skip
@@ -300,9 +305,11 @@ def rainbow(args: argparse.Namespace) -> int:
               f"{' | '.join(diffs)} | {dqn:g} / {rb:g} / {rb_no_noise:g} | "
               f"{'yes' if median >= dqn else 'no'}, {'yes' if median >= rb else 'no'} | "
               f"{wall} |")
-        curves = {a: [r["eval_curve"] for r in results[game].get(a, []) if r.get("eval_curve")]
-                  for a in RAINBOW_ARMS if finals[a]}  # fmt: skip
-        if args.plot_dir and all(curves.values()):
+        # The arms with curves are drawn (runs transcribed from the log have none).
+        curves = {a: c for a in RAINBOW_ARMS
+                  if (c := [r["eval_curve"] for r in results[game].get(a, [])
+                            if r.get("eval_curve")])}  # fmt: skip
+        if args.plot_dir and "rainbow" in curves:
             args.plot_dir.mkdir(parents=True, exist_ok=True)
             budget = max(s for runs in curves.values() for c in runs for s, _ in c)
             plot(f"MinAtar/{game}-v0", curves, budget, args.plot_dir / f"{game}.png")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,40 @@ def test_a_run_that_never_checkpointed_counts_as_not_started(tmp_path, minatar):
     run_dir.mkdir()
     (run_dir / "events.out.tfevents.0").write_bytes(b"")
     assert minatar.finished_or_resumed(run_dir) is None
+
+
+def test_the_rainbow_report_takes_a_default_transcribed_without_walls_or_curves(tmp_path):
+    """The default's report runs were transcribed from the log: scores only. They pair by
+    seed and count; the wall column and the plot use the runs that have them."""
+    seeds = [101, 102]
+    game = {arm: [{"run_dir": f"/w/Freeway/{arm}/seed{s}", "final_eval_return": f,
+                   "eval_curve": [[1000, f]], "wall_s": 120.0}
+                  for s, f in zip(seeds, (50.0, 54.0), strict=True)]
+            for arm in ("rainbow", "rainbow-no-noise")}  # fmt: skip
+    game["default"] = [{"run_dir": f"minatar-report/Freeway/noisy/seed{s}",
+                        "final_eval_return": f} for s, f in zip(seeds, (49.0, 51.0), strict=True)]
+    path = tmp_path / "rainbow.json"
+    path.write_text(json.dumps({"Freeway": game}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--from-json", str(path),
+         "--games", "Freeway", "--plot-dir", str(tmp_path / "plots")],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| Freeway")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4].startswith("50.0")  # the default's median
+    assert cells[6].startswith("+2.0")  # rainbow minus the default, paired by seed
+    assert cells[9] == "2.0 / —"
+    assert (tmp_path / "plots" / "Freeway.png").exists()
+
+
+def test_the_transcribed_default_report_matches_its_medians(minatar):
+    """bench/minatar_default_report.json against the medians the results page gives for
+    the default (docs/results.md#minatar): a slip in transcription shows here."""
+    data = json.loads((ROOT / "bench" / "minatar_default_report.json").read_text())
+    results = (ROOT / "docs" / "results.md").read_text()
+    for game, arms in data.items():
+        finals = [r["final_eval_return"] for r in arms["noisy"]]
+        seeds = [int(r["run_dir"].rsplit("seed", 1)[1]) for r in arms["noisy"]]
+        assert seeds == list(range(101, 101 + len(seeds)))
+        row = f"| {game} | {','.join(map(str, seeds))} | {statistics.median(finals):.1f} ("
+        assert row in results
