@@ -136,7 +136,8 @@ class Monitor:
     Args:
         run_dir: where the event files go.
         total_steps: length of the bar.
-        initial_step: where the bar starts (a resumed run).
+        initial_step: the step a resumed run starts from: where the bar starts, and the
+            events logged past it before the run was resumed are hidden.
         progress: show the bar (only when stderr is a terminal, unless forced).
     """
 
@@ -150,7 +151,10 @@ class Monitor:
         # Imported here: tensorboard costs ~1 s of start-up that evaluation does not need.
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(run_dir))
+        # A resumed run hides what the run it resumes logged after its checkpoint (a run
+        # killed outright logs past its last.pt): TensorBoard purges steps >= purge_step.
+        purge_step = initial_step + 1 if initial_step else None
+        self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.bar = tqdm(
             total=total_steps,

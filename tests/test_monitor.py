@@ -131,3 +131,51 @@ def test_the_probe_draws_its_noise_without_writing_the_acting_noise() -> None:
     versions = [b._version for b in acting]
     action_disagreement(q, torch.randn(64, 4), draws=4, generator=torch.Generator())
     assert [b._version for b in acting] == versions
+
+
+# Killed outright (SIGKILL) at step 700 with its events on disk: its last.pt is from step
+# 400, so steps 401-700 are logged twice, once by the killed run and once after --resume.
+KILLED_AFTER_LOGGING = """
+import os, signal, sys
+from agent.cli import entry
+from agent.monitor import Monitor
+scalars = Monitor.scalars
+def scalars_then_die(self, step, values):
+    scalars(self, step, values)
+    if step >= 700:
+        self.writer.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+Monitor.scalars = scalars_then_die
+sys.argv = ["run.py", *sys.argv[1:]]
+entry()
+"""
+
+
+def _episodes_logged(run_dir: Path) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars("charts/episodic_return")]
+
+
+def test_a_resumed_run_hides_what_the_killed_run_logged_after_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    args = ["--env", "CartPole-v1", "--seed", "3", "--total-steps", "1200", "--no-progress",
+            "--set", "checkpoint_interval=400", "--set", "log_interval=100",
+            "--set", "eval_interval=0"]  # fmt: skip
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run([sys.executable, "run.py", *args, "--run-dir", str(whole)], cwd=root,
+                   check=True, capture_output=True)  # fmt: skip
+    died = subprocess.run([sys.executable, "-c", KILLED_AFTER_LOGGING, *args, "--run-dir",
+                           str(killed)], cwd=root, capture_output=True)  # fmt: skip
+    assert died.returncode == -9
+    assert max(step for step, _ in _episodes_logged(killed)) > 400  # logged past last.pt
+    subprocess.run([sys.executable, "run.py", "--resume", str(killed), "--no-progress"],
+                   cwd=root, check=True, capture_output=True)  # fmt: skip
+
+    # TensorBoard's own reader shows each episode once: the same curve as a run never killed.
+    assert _episodes_logged(killed) == _episodes_logged(whole)
