@@ -65,6 +65,17 @@ def test_from_json_reports_every_seed_of_every_file_and_skips_unrun_games(tmp_pa
     assert (tmp_path / "plots" / "Breakout.png").exists()
 
 
+def rainbow_row(tmp_path: Path, game: str, arms: dict, *args: str) -> tuple[list[str], str]:
+    """``rainbow --from-json`` over ``{game: arms}``: the cells of the game's row, and stdout."""
+    path = tmp_path / "rainbow.json"
+    path.write_text(json.dumps({game: arms}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--from-json", str(path), *args],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith(f"| {game} ")]
+    return [c.strip() for c in row.strip("|").split("|")], proc.stdout
+
+
 def test_the_rainbow_report_pairs_its_arms_and_counts_the_goals(tmp_path, minatar):
     seeds = [101, 102, 103]
     finals = {"rainbow": [12.0, 14.0, 13.0], "rainbow-no-noise": [10.0, 11.0, 12.0],
@@ -72,21 +83,15 @@ def test_the_rainbow_report_pairs_its_arms_and_counts_the_goals(tmp_path, minata
     game = {arm: [{"run_dir": f"/w/Breakout/{arm}/seed{s}", "final_eval_return": f,
                    "eval_curve": [[1000, f]], "wall_s": 60.0 * (2 if arm != "default" else 1)}
                   for s, f in zip(seeds, finals[arm], strict=True)] for arm in finals}
-    path = tmp_path / "rainbow.json"
-    path.write_text(json.dumps({"Breakout": game}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--from-json", str(path),
-         "--games", "Breakout,Asterix", "--plot-dir", str(tmp_path / "plots")],
-        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
-    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| Breakout")]
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells, stdout = rainbow_row(tmp_path, "Breakout", game, "--games", "Breakout,Asterix",
+                                "--plot-dir", str(tmp_path / "plots"))  # fmt: skip
     assert cells[1] == "101,102,103"
     assert cells[5].startswith("+2.0")  # rainbow minus no noise, paired by seed: mean 2
     assert cells[6].startswith("+3.5")  # rainbow minus the default: mean 3.5
     dqn, rb, _ = minatar.REVISITING_RAINBOW["Breakout"]
     assert cells[8] == f"{'yes' if 13.0 >= dqn else 'no'}, {'yes' if 13.0 >= rb else 'no'}"
     assert "(2.00x)" in cells[9]
-    assert "on 1 and its Rainbow on 1 of 1 games" in proc.stdout
+    assert "on 1 and its Rainbow on 1 of 1 games" in stdout
     assert (tmp_path / "plots" / "Breakout.png").exists()
 
 
@@ -95,13 +100,7 @@ def test_the_rainbow_report_shows_an_arm_not_run_as_a_dash(tmp_path, minatar):
     runs = {arm: [{"run_dir": f"/w/Seaquest/{arm}/seed{s}", "final_eval_return": f,
                    "eval_curve": [[1000, f]], "wall_s": 90.0}
                   for s, f in ((101, 5.0), (102, 7.0))] for arm in ("rainbow", "rainbow-no-noise")}
-    path = tmp_path / "rainbow.json"
-    path.write_text(json.dumps({"Seaquest": runs}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--from-json", str(path),
-         "--games", "Seaquest"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
-    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| Seaquest")]
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells, _ = rainbow_row(tmp_path, "Seaquest", runs, "--games", "Seaquest")
     assert cells[4] == "—" and cells[6] == "—"  # the default, and rainbow minus it
     assert cells[5].startswith("+0.0")  # rainbow minus no noise: equal on both seeds
     assert cells[9] == "1.5 / —"
@@ -178,14 +177,8 @@ def test_the_rainbow_report_takes_a_default_transcribed_without_walls_or_curves(
             for arm in ("rainbow", "rainbow-no-noise")}  # fmt: skip
     game["default"] = [{"run_dir": f"minatar-report/Freeway/noisy/seed{s}",
                         "final_eval_return": f} for s, f in zip(seeds, (49.0, 51.0), strict=True)]
-    path = tmp_path / "rainbow.json"
-    path.write_text(json.dumps({"Freeway": game}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--from-json", str(path),
-         "--games", "Freeway", "--plot-dir", str(tmp_path / "plots")],
-        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
-    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| Freeway")]
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells, _ = rainbow_row(tmp_path, "Freeway", game, "--games", "Freeway",
+                           "--plot-dir", str(tmp_path / "plots"))  # fmt: skip
     assert cells[4].startswith("50.0")  # the default's median
     assert cells[6].startswith("+2.0")  # rainbow minus the default, paired by seed
     assert cells[9] == "2.0 / —"
