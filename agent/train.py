@@ -12,6 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import os
 import random
 import time
 from collections.abc import Callable
@@ -298,6 +299,7 @@ def prepare_run(
     device = resolve_device(cfg.device)
     try:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        hold_run_dir(run_dir, cleanup)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     except OSError as e:
         raise UserError(
@@ -357,6 +359,37 @@ def prepare_run(
             f"{cfg.env_id} does not: --set terminal_on_life_loss=false"
         )
     return run
+
+
+def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> None:
+    """Hold ``run_dir`` for this process until ``cleanup`` closes (an advisory lock on
+    ``run_dir/.lock``, which the OS drops when the process dies, even by SIGKILL).
+
+    A second process training into the same directory, a ``--resume`` of a run still
+    going included, would overwrite its checkpoints and results: it is refused instead
+    (UserError). Where the OS has no ``fcntl`` (Windows) nothing is held.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        raise UserError(
+            f"{run_dir} is being trained by {f'process {pid}' if pid else 'another process'}: "
+            "wait for it to end (a second run there would overwrite its checkpoints), or "
+            "pass another --run-dir"
+        ) from None
+    except OSError:  # a file system without locks (some NFS mounts): train unguarded
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    cleanup.callback(os.close, fd)  # closing it releases the lock
 
 
 class Checkpoints:

@@ -155,3 +155,47 @@ def test_an_error_mid_run_still_flushes_events_and_closes_the_envs(
     while multiprocessing.active_children() and time.time() < deadline:
         time.sleep(0.1)
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize(
+    ("second", "checkpoint_interval"),
+    [(["--resume"], 1000), (["--run-dir"], 1_000_000)],
+    ids=["resume-while-training", "new-run-before-any-checkpoint"],
+)
+def test_a_second_process_on_a_run_still_training_is_refused_until_it_dies(
+    tmp_path: Path, second: list[str], checkpoint_interval: int
+) -> None:
+    """Two processes in one run directory would overwrite each other's checkpoints: a
+    --resume of a run that is still going, or a new run there before its first
+    checkpoint, ends in one line naming the process, exit 2, and the run goes on. Once
+    the first dies, even by SIGKILL, the directory is free again."""
+    run_dir = tmp_path / "run"
+    first = _start(["--total-steps", "400000", "--run-dir", str(run_dir), "--set",
+                    f"checkpoint_interval={checkpoint_interval}"])  # fmt: skip
+    try:
+        _wait_for_training(first, run_dir)
+        if second == ["--resume"]:
+            deadline = time.time() + 60
+            while not (run_dir / "checkpoints" / "last.pt").exists() and time.time() < deadline:
+                time.sleep(0.1)
+        out = subprocess.run([*CLI, *second, str(run_dir), "--total-steps", "500000"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert f"{run_dir} is being trained by process {first.pid}" in lines[0]
+        assert "--run-dir" in lines[0]
+        assert first.poll() is None  # still training
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+
+    if second == ["--resume"]:
+        last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+        total = int(last["counters"]["global_step"]) + 500
+    else:
+        assert not (run_dir / "checkpoints" / "last.pt").exists()
+        total = 500
+    again = subprocess.run([*CLI, *second, str(run_dir), "--total-steps", str(total)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run_dir / "result.json").read_text())["global_step"] == total
