@@ -29,7 +29,10 @@ without noisy nets, and today's default)::
 
 prints, per game, each arm's median and IQM, the paired differences of the preset against
 the preset without noise (what the noise adds inside Rainbow) and against the default,
-Revisiting Rainbow's 10M-frame training returns beside them, and the wall time per run.
+Revisiting Rainbow's 10M-frame training returns beside them, and the wall time per run;
+then on how many games the preset's median reaches Revisiting Rainbow's DQN and Rainbow,
+and on how many the noise is ahead of the preset without it, level or behind (the paired
+95% CI above zero, across it, below it).
 The default's runs of an earlier ``learn`` report can stand in for its arm
 (``--default-from-json``): its trajectories did not change since. The report's were
 transcribed from docs/research/log.md into ``bench/minatar_default_report.json`` (scores
@@ -270,6 +273,7 @@ def rainbow(args: argparse.Namespace) -> int:
           "wall per run (min): rainbow / default |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     over_dqn = over_rainbow = 0
+    noise_verdicts: list[str] = []  # per game: the noise against the preset without it
     shown = [g for g in games if results.get(g, {}).get("rainbow")]
     for game in shown:
         # An arm left out of the invocation (--arms) shows as a dash.
@@ -290,6 +294,8 @@ def rainbow(args: argparse.Namespace) -> int:
                 continue
             mean, lo, hi = paired_ci(finals["rainbow"], finals[other])
             diffs.append(f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]")
+            if other == "rainbow-no-noise":
+                noise_verdicts.append("ahead" if lo > 0 else "behind" if hi < 0 else "level")
         dqn, rb, rb_no_noise = REVISITING_RAINBOW[game]
         median = statistics.median(finals["rainbow"])
         over_dqn += median >= dqn
@@ -315,6 +321,10 @@ def rainbow(args: argparse.Namespace) -> int:
             plot(f"MinAtar/{game}-v0", curves, budget, args.plot_dir / f"{game}.png")
     print(f"\nthe rainbow median reaches Revisiting Rainbow's 10M-frame DQN on {over_dqn} and its "
           f"Rainbow on {over_rainbow} of {len(shown)} games")
+    if noise_verdicts:
+        print("inside the preset the noise is, against the preset without it (paired 95% CI): "
+              + ", ".join(f"{noise_verdicts.count(v)} {v}" for v in ("ahead", "level", "behind"))
+              + f" of {len(noise_verdicts)} games")
     return 0
 
 

@@ -92,6 +92,9 @@ def test_the_rainbow_report_pairs_its_arms_and_counts_the_goals(tmp_path, minata
     assert cells[8] == f"{'yes' if 13.0 >= dqn else 'no'}, {'yes' if 13.0 >= rb else 'no'}"
     assert "(2.00x)" in cells[9]
     assert "on 1 and its Rainbow on 1 of 1 games" in stdout
+    # +2, +3, +1 by seed: every resample of the paired mean is above zero
+    assert "the noise is, against the preset without it (paired 95% CI): 1 ahead, 0 level, " \
+        "0 behind of 1 games" in stdout
     assert (tmp_path / "plots" / "Breakout.png").exists()
 
 
@@ -100,9 +103,10 @@ def test_the_rainbow_report_shows_an_arm_not_run_as_a_dash(tmp_path, minatar):
     runs = {arm: [{"run_dir": f"/w/Seaquest/{arm}/seed{s}", "final_eval_return": f,
                    "eval_curve": [[1000, f]], "wall_s": 90.0}
                   for s, f in ((101, 5.0), (102, 7.0))] for arm in ("rainbow", "rainbow-no-noise")}
-    cells, _ = rainbow_row(tmp_path, "Seaquest", runs, "--games", "Seaquest")
+    cells, stdout = rainbow_row(tmp_path, "Seaquest", runs, "--games", "Seaquest")
     assert cells[4] == "—" and cells[6] == "—"  # the default, and rainbow minus it
     assert cells[5].startswith("+0.0")  # rainbow minus no noise: equal on both seeds
+    assert "0 ahead, 1 level, 0 behind of 1 games" in stdout
     assert cells[9] == "1.5 / —"
     bad = subprocess.run(
         [sys.executable, "-m", "bench.minatar_suite", "rainbow", "--arms", "default"],
@@ -171,15 +175,18 @@ def test_the_rainbow_report_takes_a_default_transcribed_without_walls_or_curves(
     """The default's report runs were transcribed from the log: scores only. They pair by
     seed and count; the wall column and the plot use the runs that have them."""
     seeds = [101, 102]
+    finals = {"rainbow": (50.0, 54.0), "rainbow-no-noise": (53.0, 57.0)}
     game = {arm: [{"run_dir": f"/w/Freeway/{arm}/seed{s}", "final_eval_return": f,
                    "eval_curve": [[1000, f]], "wall_s": 120.0}
-                  for s, f in zip(seeds, (50.0, 54.0), strict=True)]
-            for arm in ("rainbow", "rainbow-no-noise")}  # fmt: skip
+                  for s, f in zip(seeds, finals[arm], strict=True)]
+            for arm in finals}  # fmt: skip
     game["default"] = [{"run_dir": f"minatar-report/Freeway/noisy/seed{s}",
                         "final_eval_return": f} for s, f in zip(seeds, (49.0, 51.0), strict=True)]
-    cells, _ = rainbow_row(tmp_path, "Freeway", game, "--games", "Freeway",
-                           "--plot-dir", str(tmp_path / "plots"))  # fmt: skip
+    cells, stdout = rainbow_row(tmp_path, "Freeway", game, "--games", "Freeway",
+                                "--plot-dir", str(tmp_path / "plots"))  # fmt: skip
     assert cells[4].startswith("50.0")  # the default's median
+    assert cells[5].startswith("-3.0")  # the noise 3 behind on both seeds
+    assert "0 ahead, 0 level, 1 behind of 1 games" in stdout
     assert cells[6].startswith("+2.0")  # rainbow minus the default, paired by seed
     assert cells[9] == "2.0 / —"
     assert (tmp_path / "plots" / "Freeway.png").exists()
