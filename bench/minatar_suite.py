@@ -143,12 +143,15 @@ def finished_or_resumed(run_dir: Path) -> dict | None:
     """A run of an earlier ``--workdir`` invocation: its result if it finished, the result of
     resuming it if it was interrupted or killed after a checkpoint, None if it never started."""
     path = run_dir / "result.json"
-    # A run killed outright (SIGKILL, a machine going away) leaves no result.json, only its
-    # last periodic checkpoint; starting it again would throw that part of the run away.
-    killed = not path.exists() and (run_dir / "checkpoints" / "last.pt").exists()
-    if not path.exists() and not killed:
-        return None
-    if killed or json.loads(path.read_text())["status"] == "interrupted":
+    if path.exists():
+        resume = json.loads(path.read_text())["status"] == "interrupted"
+    else:
+        # A run killed outright (SIGKILL, a machine going away) leaves no result.json, only
+        # its last periodic checkpoint; starting it again would throw that part away.
+        resume = (run_dir / "checkpoints" / "last.pt").exists()
+        if not resume:
+            return None
+    if resume:
         cmd = [sys.executable, "run.py", "--resume", str(run_dir), "--no-progress"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:

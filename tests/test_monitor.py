@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -160,9 +162,6 @@ def _episodes_logged(run_dir: Path) -> list[tuple[int, float]]:
 def test_a_resumed_run_hides_what_the_killed_run_logged_after_its_checkpoint(
     tmp_path: Path,
 ) -> None:
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parent.parent
     args = ["--env", "CartPole-v1", "--seed", "3", "--total-steps", "1200", "--no-progress",
             "--set", "checkpoint_interval=400", "--set", "log_interval=100",
