@@ -286,7 +286,8 @@ def plot(env_id: str, curves: dict[str, list[list]], budget: int, path: Path,
             warnings.simplefilter("ignore", RuntimeWarning)
             med = np.nanmedian(arr, axis=0)
             lo, hi = np.nanpercentile(arr, 25, axis=0), np.nanpercentile(arr, 75, axis=0)
-        ax.plot(grid, med, label=f"{name} (median, IQR band, {len(runs)} seeds)")
+        seeds = f"{len(runs)} seed" + ("s" if len(runs) > 1 else "")
+        ax.plot(grid, med, label=f"{name} (median, IQR band, {seeds})")
         ax.fill_between(grid, lo, hi, alpha=0.2)
     if threshold is not None:
         ax.axhline(threshold, color="gray", ls="--", lw=1)

@@ -203,3 +203,20 @@ def test_the_transcribed_default_report_matches_its_medians(minatar):
         assert seeds == list(range(101, 101 + len(seeds)))
         row = f"| {game} | {','.join(map(str, seeds))} | {statistics.median(finals):.1f} ("
         assert row in results
+
+
+def test_the_rainbow_report_matches_the_results_page():
+    """bench/minatar_rainbow_report.json, the report's own --json, against the medians of
+    each arm the results page gives (docs/results.md#minatar-rainbow)."""
+    data = json.loads((ROOT / "bench" / "minatar_rainbow_report.json").read_text())
+    results = (ROOT / "docs" / "results.md").read_text()
+    for game, arms in data.items():
+        medians = []
+        for arm in ("rainbow", "rainbow-no-noise", "default"):
+            seeds = sorted(int(r["run_dir"].rsplit("seed", 1)[1]) for r in arms[arm])
+            assert seeds == list(range(101, 106)), (game, arm)
+            medians.append(f"{statistics.median(r['final_eval_return'] for r in arms[arm]):.1f}")
+        row = f"| {game} | {medians[0]} ("
+        assert row in results, row
+        line = next(ln for ln in results.splitlines() if ln.startswith(row))
+        assert [c.strip().split(" ")[0] for c in line.split("|")[2:5]] == medians
