@@ -88,6 +88,14 @@ class Config:
     networks and robust under load."""
 
     # --- network ---
+    torso: Literal["auto", "mlp", "minatar", "nature", "der"] = "auto"
+    """The layers before the Q head. ``auto`` picks by the observations' shape: none
+    (``mlp``) for vectors, ``minatar`` (one 3x3 convolution of 16 filters, MinAtar's DQN)
+    for images under 36x36, ``nature`` (the three convolutions of Mnih et al. 2015)
+    otherwise. ``der``: data-efficient Rainbow's two convolutions (van Hasselt et al. 2019:
+    32 filters 5x5 stride 5, 64 filters 5x5 stride 5), for frames of 0-255 (at least
+    25x25), which the network divides by 255. A torso that does not fit the observations
+    is refused before training."""
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
     """Widths of the hidden layers of the Q head."""
     dueling: bool = False
@@ -226,6 +234,18 @@ class Config:
     """Episodes per periodic evaluation."""
     confirm_episodes: int = 100
     """Episodes of the confirming evaluation before an early stop (0: stop on the periodic one)."""
+    final_episodes: int | None = None
+    """Episodes of the final evaluation, whose mean is the run's score (result.json's
+    final_eval_return); null: confirm_episodes, or eval_episodes when that is 0."""
+    eval_epsilon: float = 0.0
+    """Probability of a uniform random action at each step of every evaluation (the
+    periodic ones, the confirmation and the final one), on top of the noise-free greedy
+    policy: 0 plays it greedily; the Atari 100k protocol uses 0.001, so that a policy
+    stuck in a loop ends its episode. Drawn per episode, so a score does not depend on
+    how many copies play."""
+    eval_envs: int = 10
+    """Environment copies that play evaluation episodes at once, one batched action per
+    step (at most the episodes of a round)."""
     confirm_z: float = 1.645
     """The confirming mean minus confirm_z standard errors must reach target_return: 1.645
     is a one-sided 95% confidence that the policy, not the luck of its episodes, is at the
@@ -364,6 +384,17 @@ class Config:
         at_least("eval_interval", 0)
         at_least("eval_episodes", 1)
         at_least("confirm_episodes", 0)
+        need(
+            self.final_episodes is None or self.final_episodes >= 1,
+            f"final_episodes must be >= 1 or null, got {self.final_episodes}",
+            "--set final_episodes=100 (or null)",
+        )
+        need(
+            0 <= self.eval_epsilon <= 1,
+            f"eval_epsilon must be in [0, 1], got {self.eval_epsilon}",
+            default("eval_epsilon"),
+        )
+        at_least("eval_envs", 1)
         at_least("confirm_z", 0)
         at_least("log_interval", 1)
         at_least("checkpoint_interval", 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +24,8 @@ __all__ = [
 
 # Seed stream of evaluation episodes: disjoint from the training envs' (stream 0).
 EVAL_STREAM = 1
+# The last entropy word of an evaluation episode's own random actions (eval_epsilon).
+_EPSILON_KEY = 7
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ def run_episodes(
     seed: int,
     round_index: int = 0,
     stream: int = EVAL_STREAM,
+    epsilon: float = 0.0,
+    n_actions: int | None = None,
 ) -> EvalResult:
     """Play ``episodes`` full episodes with ``policy`` on ``len(envs)`` copies at once.
 
@@ -72,10 +77,17 @@ def run_episodes(
     number of copies, and evaluation is independent of training's envs
     (stream 0). Periodic evaluations during training use stream 1; ``run.py
     --eval`` uses stream 2, episodes the agent was never selected on.
+
+    ``epsilon``: each step plays a uniform random action among ``n_actions`` with this
+    probability instead of the policy's, drawn from the episode's own generator (seeded
+    like its reset), so the score still does not depend on the number of copies.
     """
+    if epsilon > 0 and not n_actions:
+        raise ValueError("run_episodes with epsilon > 0 needs n_actions")
     returns = [0.0] * episodes  # Python floats: per-step numpy scalar updates cost more
     lengths = [0] * episodes
     playing = [-1] * len(envs)  # episode index each copy plays, -1 when idle
+    rngs: list[np.random.Generator | None] = [None] * len(envs)  # epsilon's, per episode
     next_episode = 0
     batch: np.ndarray | None = None
 
@@ -84,6 +96,8 @@ def run_episodes(
         if next_episode >= episodes:
             playing[i] = -1
             return
+        if epsilon > 0:
+            rngs[i] = np.random.default_rng([seed, stream, round_index, next_episode, _EPSILON_KEY])
         obs, _ = envs[i].reset(seed=episode_seed(seed, round_index, next_episode, stream=stream))
         if batch is None:
             batch = np.zeros((len(envs), *np.shape(obs)), dtype=np.asarray(obs).dtype)
@@ -99,8 +113,12 @@ def run_episodes(
         for i, k in enumerate(playing):
             if k < 0:
                 continue
+            action = actions[i]
+            rng = rngs[i]
+            if rng is not None and rng.random() < epsilon:
+                action = rng.integers(n_actions)
             # The action as the env's own space samples it (np.int64): the cheapest check.
-            obs, reward, terminated, truncated, _ = steps[i](actions[i])
+            obs, reward, terminated, truncated, _ = steps[i](action)
             batch[i] = obs
             returns[k] += float(reward)
             lengths[k] += 1
@@ -142,16 +160,27 @@ class Evaluator:
         curve: list[tuple[int, float]],
         log: Callable[[int, dict[str, float]], None],
         on_best: Callable[[], None],
+        final_episodes: int | None = None,
+        epsilon: float = 0.0,
+        n_actions: int | None = None,
     ) -> None:
         self.policy, self.envs, self.state, self.seed = policy, envs, state, seed
         self.episodes, self.confirm_episodes, self.confirm_z = episodes, confirm_episodes, confirm_z
+        self.final_episodes = final_episodes or confirm_episodes or episodes
         self.target_return, self.early_stop = target_return, early_stop
         self.curve, self.log, self.on_best = curve, log, on_best
+        self.epsilon, self.n_actions = epsilon, n_actions
+        self.final_wall_s: float | None = None
+        """Wall seconds of the final evaluation, once it ran."""
+
+    def _episodes(self, episodes: int) -> EvalResult:
+        return run_episodes(
+            self.policy, self.envs, episodes, seed=self.seed, round_index=self.state.eval_round,
+            epsilon=self.epsilon, n_actions=self.n_actions,
+        )  # fmt: skip
 
     def _round(self, episodes: int) -> EvalResult:
-        result = run_episodes(
-            self.policy, self.envs, episodes, seed=self.seed, round_index=self.state.eval_round
-        )
+        result = self._episodes(episodes)
         self.state.eval_round += 1
         return result
 
@@ -180,12 +209,11 @@ class Evaluator:
         return lower >= target
 
     def final(self, step: int) -> float:
-        """The final policy's mean on fresh episodes: never the round that stopped the run,
-        which is at the target by selection."""
-        mean = run_episodes(
-            self.policy, self.envs, self.confirm_episodes or self.episodes, seed=self.seed,
-            round_index=self.state.eval_round,
-        ).mean
+        """The final policy's mean over ``final_episodes`` fresh episodes: never the round
+        that stopped the run, which is at the target by selection."""
+        start = time.perf_counter()
+        mean = self._episodes(self.final_episodes).mean
+        self.final_wall_s = time.perf_counter() - start
         self.log(step, {"eval/final_mean_return": mean})
         return mean
 

@@ -408,6 +408,7 @@ class _NumpyUpdate:
         support = learner.support
         self.support = None if support is None else support.numpy()
         self._flat_grad = learner.optimizer.flat_grad.numpy()  # every gradient, a view
+        self._share_stage = bool(online.input_key) and online.input_key == target.input_key
 
     @classmethod
     def build(cls, learner: Learner) -> _NumpyUpdate:
@@ -439,7 +440,10 @@ class _NumpyUpdate:
         # the autograd path); backward reads only obs's rows of it.
         out_both = self.online.forward(np.concatenate([obs, next_obs]), tape=True)  # (2B, A[, N])
         out, out_next_online = out_both[:batch_size], out_both[batch_size:]
-        out_next_target = self.target.forward(next_obs)
+        # The target reads next_obs's input stage (patches cut from frames) from the
+        # online forward's tape, when the two networks cut them alike.
+        stage = self.online.input_stage(slice(batch_size, None)) if self._share_stage else None
+        out_next_target = self.target.forward(next_obs, stage=stage)
         chooser = out_next_online if learner.double_dqn else out_next_target
         next_actions = greedy_actions(chooser, self.support)  # (B,)
         objective = learner.objective
@@ -447,11 +451,10 @@ class _NumpyUpdate:
                                         batch.discounts.numpy(), batch.dones.numpy())  # fmt: skip
         loss, grad_out, errors, q_taken = objective.loss_numpy(out, actions, target, weights)
 
-        learner.optimizer.zero_grad()
         sink = self.online.sink
         sink.clear()
-        self.online.backward(grad_out)
-        learner.optimizer.mark_written(sink.written)  # the step takes what backward wrote
+        self.online.backward(grad_out)  # each gradient it writes, written whole
+        learner.optimizer.set_grads(sink.written)  # the rest zeroed; the step takes these
         if learner.max_grad_norm is not None:
             # clip_grad_norm_'s rule on the flat buffer, without its torch ops' fixed cost
             flat = self._flat_grad

@@ -1,5 +1,6 @@
-"""Q-networks: an MLP, MinAtar-CNN or Nature-CNN torso, a (noisy) Q head, optional dueling,
-optionally distributional (C51)."""
+"""Q-networks: a torso named by a key (none for vectors, the MinAtar CNN, the Nature CNN or
+data-efficient Rainbow's CNN), a (noisy) Q head, optional dueling, optionally distributional
+(C51)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,23 @@ from agent.distributional import make_support
 from agent.noisy import NoisyLinear
 from agent.noisy import noisy_layers as find_noisy_layers
 
-__all__ = ["MIN_NATURE_SIZE", "MinAtarCNN", "NatureCNN", "QNetwork"]
+__all__ = [
+    "MIN_NATURE_SIZE",
+    "TORSOS",
+    "DataEfficientCNN",
+    "MinAtarCNN",
+    "NatureCNN",
+    "QNetwork",
+    "resolve_torso",
+]
 
 # The smallest frame the Nature CNN takes; smaller images get the MinAtar torso.
 MIN_NATURE_SIZE = 36
 
 NoisyLayers = Literal["all", "last", "none"]
 DuelingStreams = Literal["hidden", "linear"]
+Torso = Literal["auto", "mlp", "minatar", "nature", "der"]
+TORSOS: tuple[str, ...] = ("auto", "mlp", "minatar", "nature", "der")
 
 
 class NatureCNN(nn.Module):
@@ -103,6 +114,83 @@ class MinAtarCNN(nn.Module):
         return self.flatten(self.relu(self.conv(x)))
 
 
+class DataEfficientCNN(nn.Module):
+    """The torso of data-efficient Rainbow (van Hasselt et al. 2019, "When to use parametric
+    models in reinforcement learning?"): 32 filters 5x5 stride 5, then 64 filters 5x5
+    stride 5, ReLU after each, no padding: 576 features from 84x84 frames.
+
+    Each convolution's stride equals its kernel, so it reads disjoint patches: a reshape
+    and a matrix product, which is how the numpy backend runs it. Takes ``(B, C, H, W)``
+    in the parameters' dtype, already scaled (:class:`QNetwork` divides 0-255 frames by
+    255 before the torso).
+    """
+
+    KERNEL = 5
+
+    def __init__(
+        self,
+        in_channels: int,
+        height: int,
+        width: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        k = self.KERNEL
+        h, w = height // k // k, width // k // k
+        if h <= 0 or w <= 0:
+            raise ValueError(f"DataEfficientCNN needs frames of at least {k * k}x{k * k}, "
+                             f"got {height}x{width}")  # fmt: skip
+        factory = {"device": device, "dtype": dtype}
+        self.convs = nn.Sequential(
+            nn.Conv2d(in_channels, 32, kernel_size=k, stride=k, **factory),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=k, stride=k, **factory),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        self.out_features = 64 * h * w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.convs(x)
+
+
+# The least image (H, W) each convolutional torso takes.
+_MIN_IMAGE = {"minatar": 3, "nature": MIN_NATURE_SIZE, "der": DataEfficientCNN.KERNEL**2}
+
+
+def resolve_torso(obs_shape: Sequence[int], torso: str = "auto") -> str:
+    """The torso ``torso`` names for observations of ``obs_shape``: ``auto`` picks by shape
+    (``mlp`` for vectors, ``minatar`` for images under 36x36, ``nature`` otherwise).
+    ``ValueError`` for a torso that does not fit the observations, naming one that does."""
+    shape = tuple(int(s) for s in obs_shape)
+    if torso not in TORSOS:
+        raise ValueError(f"torso must be one of {', '.join(TORSOS)}, got {torso!r}")
+    if len(shape) not in (1, 3):
+        raise ValueError(
+            f"observations must be vectors (D,) or images (C, H, W), got shape {shape}"
+        )
+    image = len(shape) == 3
+    if torso == "auto":
+        if not image:
+            return "mlp"
+        return "minatar" if min(shape[1:]) < MIN_NATURE_SIZE else "nature"
+    if torso == "mlp":
+        if not image:
+            return torso
+        what = "vector observations"
+    else:
+        least = _MIN_IMAGE[torso]
+        if image and min(shape[1:]) >= least:
+            return torso
+        what = f"images of at least {least}x{least}"
+    raise ValueError(
+        f"torso {torso} takes {what}, and the observations have shape {shape}: "
+        "torso=auto picks one that fits them"
+    )
+
+
 def _linear(
     in_features: int,
     out_features: int,
@@ -131,9 +219,7 @@ class QNetwork(nn.Module):
     """Action values Q(s, .) for a discrete action space.
 
     Args:
-        obs_shape: shape of one observation. 1-D shapes get an MLP; 3-D shapes
-            ``(C, H, W)`` get the Nature-CNN torso, or the MinAtar one when ``H`` or
-            ``W`` is under 36 (the Nature CNN's minimum).
+        obs_shape: shape of one observation: a vector ``(D,)`` or images ``(C, H, W)``.
         n_actions: number of discrete actions.
         hidden_sizes: widths of the hidden linear layers of the head (after the
             torso, if any). With ``dueling`` and ``dueling_streams="hidden"``, the last
@@ -154,6 +240,12 @@ class QNetwork(nn.Module):
             logits over N atoms evenly spaced in ``[v_min, v_max]`` for every action,
             the dueling streams combined per atom as Rainbow combines them.
         v_min, v_max: the support of a C51 head (:attr:`support`).
+        torso: the layers before the head (:func:`resolve_torso`): ``"auto"`` picks by
+            ``obs_shape`` (none for vectors, the MinAtar CNN for images under 36x36, the
+            Nature CNN otherwise); ``"mlp"`` (vectors), ``"minatar"``
+            (:class:`MinAtarCNN`), ``"nature"`` (:class:`NatureCNN`) or ``"der"``
+            (:class:`DataEfficientCNN`, for 0-255 frames: the network divides them by
+            255 before the torso, whatever their dtype).
         device, dtype: where and in which precision the parameters live.
 
     ``forward`` gives Q values ``(B, n_actions)``, or with ``num_atoms`` N the logits
@@ -173,11 +265,13 @@ class QNetwork(nn.Module):
         num_atoms: int = 1,
         v_min: float = -10.0,
         v_max: float = 10.0,
+        torso: Torso = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         obs_shape = tuple(int(s) for s in obs_shape)
+        self.torso_name = resolve_torso(obs_shape, torso)
         hidden_sizes = [int(h) for h in hidden_sizes]
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
@@ -208,17 +302,16 @@ class QNetwork(nn.Module):
         self.register_buffer("support", support, persistent=False)
         outputs = self.n_actions * self.num_atoms  # per atom: one output per action and atom
 
-        if len(obs_shape) == 1:
+        # 0-255 frames scaled to [0, 1] before the torso that takes them (the Nature CNN
+        # still scales uint8 frames itself).
+        self.input_scale = 255.0 if self.torso_name == "der" else None
+        if self.torso_name == "mlp":
             self.torso: nn.Module = nn.Identity()
             features = obs_shape[0]
-        elif len(obs_shape) == 3:
-            small = min(obs_shape[1:]) < MIN_NATURE_SIZE
-            self.torso = (MinAtarCNN if small else NatureCNN)(*obs_shape, **factory)
-            features = self.torso.out_features
         else:
-            raise ValueError(
-                f"observations must be vectors (D,) or images (C, H, W), got shape {obs_shape}"
-            )
+            cnn = {"minatar": MinAtarCNN, "nature": NatureCNN, "der": DataEfficientCNN}
+            self.torso = cnn[self.torso_name](*obs_shape, **factory)
+            features = self.torso.out_features
 
         def noisy_flags(n_layers: int) -> list[bool]:
             if noisy_layers == "all":
@@ -250,6 +343,8 @@ class QNetwork(nn.Module):
         (a stacked network's seed axis)."""
         if not isinstance(self.torso, NatureCNN):  # the Nature CNN scales uint8 frames itself
             obs = obs.to(dtype=self._param_dtype())
+            if self.input_scale is not None:
+                obs = obs / self.input_scale
         x = self.head(self.torso(obs))
         if self.num_atoms == 1:
             if not self.dueling:

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "FACTORISED_MAX_ROWS",
+    "FACTORISED_MIN_WEIGHTS",
     "NoiseBuffers",
     "NoisyLinear",
     "draw_noise",
@@ -37,6 +39,7 @@ __all__ = [
 
 # One observation through a large layer (the Nature-CNN head, acting in one env) takes
 # the factorised form; elsewhere the two extra matmuls cost more (bench/noisy_forward.py).
+# The numpy backend's layers follow the same rule.
 FACTORISED_MAX_ROWS = 1
 FACTORISED_MIN_WEIGHTS = 1 << 17
 

@@ -117,17 +117,10 @@ class Adam:
         """Which parameters received a gradient since :meth:`zero_grad` (a copy).
 
         Autograd's hooks record these; code that writes into :attr:`grads` without
-        autograd (the learner's numpy path) says so with :meth:`mark_written`, or the
+        autograd (the learner's numpy path) says so with :meth:`set_grads`, or the
         step skips those parameters.
         """
         return list(self._has_grad)
-
-    def mark_written(self, written: Sequence[bool]) -> None:
-        """Record gradients written without autograd (whose hooks record the others): the
-        step takes the parameters marked here."""
-        for i, was in enumerate(written):
-            if was:
-                self._has_grad[i] = True
 
     def zero_grad(self) -> None:
         """Zero the flat gradient buffer (one op) and point every ``.grad`` at its view."""
@@ -136,6 +129,16 @@ class Adam:
             self._has_grad[i] = False
             if p.grad is not g:
                 p.grad = g
+
+    def set_grads(self, written: Sequence[bool]) -> None:
+        """Take gradients written into :attr:`grads` without autograd, in place of
+        :meth:`zero_grad` before them: the parameters marked ``written`` have theirs
+        (each buffer overwritten whole), the others are zeroed, and the step takes the
+        former. Saves zeroing the whole buffer only to overwrite most of it."""
+        for i, was in enumerate(written):
+            self._has_grad[i] = bool(was)
+            if not was:
+                self._grads[i].zero_()
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:

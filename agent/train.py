@@ -43,7 +43,7 @@ from agent.evaluate import Evaluator, json_ready
 from agent.exploration import Exploration
 from agent.learner import CapturedUpdate, Learner, Metrics, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
-from agent.networks import QNetwork
+from agent.networks import QNetwork, resolve_torso
 from agent.replay import Batch, FrameReplayBuffer, Replay, ReplayBuffer, choose_storage
 from agent.replay.prioritized import annealed_beta
 from agent.signals import StopSignals
@@ -58,6 +58,7 @@ __all__ = [
     "TrainResult",
     "build_agent",
     "build_q_network",
+    "check_torso",
     "close_quietly",
     "crossed",
     "exploration_probe",
@@ -70,8 +71,6 @@ __all__ = [
     "train",
 ]
 
-# Evaluation episodes played at once (one batched action per step for all of them).
-EVAL_BATCH = 10
 # Replay states behind the exploration/* scalars, drawn at each log (batch_size at a time).
 PROBE_STATES = 256
 
@@ -91,7 +90,7 @@ class TrainResult:
     """Env steps when the confirmed noise-free evaluation first reached target_return."""
     best_eval_return: float | None
     final_eval_return: float | None
-    """Mean noise-free return of the final policy over confirm_episodes fresh episodes
+    """Mean noise-free return of the final policy over final_episodes fresh episodes
     (never the evaluation that decided an early stop: that one is biased upwards)."""
     eval_curve: list[tuple[int, float]]
     """(env steps, mean noise-free return) of every periodic evaluation."""
@@ -103,6 +102,8 @@ class TrainResult:
     buffer_left_out: str | None = None
     """How ``last.pt`` was saved without the replay buffer, so that a resume from it is
     approximate (:func:`agent.checkpoint.buffer_left_out`), or None: with it, exact."""
+    final_eval_wall_s: float | None = None
+    """Wall seconds of the final evaluation (included in ``wall_time_s``)."""
 
 
 @dataclass
@@ -167,9 +168,23 @@ def build_q_network(
         num_atoms=cfg.num_atoms if cfg.distributional else 1,
         v_min=cfg.v_min,
         v_max=cfg.v_max,
+        torso=cfg.torso,
         device=device,
         dtype=getattr(torch, cfg.dtype),
     )
+
+
+def check_torso(cfg: Config, spec: EnvSpec) -> None:
+    """A :class:`UserError` for a torso that does not fit the env's observations."""
+    try:
+        torso = resolve_torso(spec.obs_shape, cfg.torso)
+    except ValueError as e:
+        raise UserError(f"invalid config: {e}: --set torso=auto") from None
+    if torso == "der" and spec.obs_dtype != "uint8":
+        raise UserError(
+            f"invalid config: torso der takes frames of 0-255 (uint8), and {cfg.env_id} "
+            f"gives {spec.obs_dtype} images: --set torso=auto"
+        )
 
 
 def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
@@ -294,8 +309,10 @@ def prepare_run(
     """Check the config against the env, then build everything a run needs (environments,
     agent, random streams), restored from ``checkpoint`` when resuming. What must be
     closed goes on ``cleanup``."""
-    # User errors (bad id, spaces, env_kwargs) before anything is written.
+    # User errors (bad id, spaces, env_kwargs, a torso that does not fit) before anything
+    # is written.
     spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
+    check_torso(cfg, spec)
     device = resolve_device(cfg.device)
     try:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -315,10 +332,11 @@ def prepare_run(
     seed_everything(cfg.seed)
     envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
     cleanup.callback(close_quietly, envs)
-    # Evaluation plays up to EVAL_BATCH episodes at once on its own env copies.
+    # Evaluation plays up to eval_envs episodes at once on its own env copies.
+    episodes = max(cfg.eval_episodes, cfg.final_episodes or cfg.confirm_episodes)
     eval_envs = [
         make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
-        for _ in range(min(EVAL_BATCH, cfg.eval_episodes))
+        for _ in range(min(cfg.eval_envs, episodes))
     ]
     cleanup.callback(close_quietly, *eval_envs)
     agent = build_agent(cfg, spec, device, len(eval_envs))
@@ -554,6 +572,7 @@ def run_outputs(
         confirm_z=cfg.confirm_z, target_return=run.target_return,
         early_stop=cfg.early_stop, curve=run.eval_curve, log=monitor.scalars,
         on_best=lambda: checkpoints.save_best(current_obs()),
+        final_episodes=cfg.final_episodes, epsilon=cfg.eval_epsilon, n_actions=run.spec.n_actions,
     )  # fmt: skip
     return monitor, checkpoints, evaluate
 
@@ -591,6 +610,7 @@ def finish_run(
         stop_signal=stop_signal,
         learner_backend=learner_backend or learner.backend,
         buffer_left_out=checkpoints.buffer_left_out,
+        final_eval_wall_s=evaluate.final_wall_s,
     )
     (run.run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
     return result

@@ -360,6 +360,56 @@ def test_ale_preprocessing() -> None:
     assert transitions(all_of(frames)) == transitions(all_of(full))
 
 
+def test_the_der_preset_plays_the_atari_100k_protocol() -> None:
+    """No sticky actions (even on a v5 id), the 27,000-step cap (a truncation), 1-30
+    no-op frames at reset drawn from the episode's seed."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from envs import make_env
+
+    cfg = load_config("ALE/Breakout-v5", "der")
+    env = make_env(cfg.env_id, env_kwargs=cfg.env_kwargs)
+    ale = env.unwrapped.ale
+    assert ale.getFloat("repeat_action_probability") == 0.0
+    assert ale.getInt("max_num_frames_per_episode") == 108_000  # 27,000 steps of 4 frames
+    noops = set()
+    for seed in range(10):
+        env.reset(seed=seed)
+        noops.add(ale.getEpisodeFrameNumber())
+    env.close()
+    assert noops <= set(range(1, 31)) and len(noops) > 3
+    # A cap of 200 frames on a game that lasts longer (NOOP never launches the ball).
+    kwargs = {**cfg.env_kwargs, "max_num_frames_per_episode": 200}
+    capped = make_env("BreakoutNoFrameskip-v4", env_kwargs=kwargs)
+    capped.reset(seed=0)
+    for steps in range(1, 60):  # noqa: B007
+        _, _, terminated, truncated, _ = capped.step(0)
+        if terminated or truncated:
+            break
+    capped.close()
+    assert truncated and not terminated and 42 <= steps <= 50
+
+
+def test_a_lost_life_ends_bootstrapping_in_replay_only_on_a_real_game(tmp_path: Path) -> None:
+    """Breakout under random play: replay's dones outnumber the games, whose returns and
+    lengths are whole games of five lives."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    cfg = load_config("BreakoutNoFrameskip-v4", "der", overrides={
+        "total_steps": 600, "learning_starts": 600, "exploration": "epsilon",
+        "noisy_layers": "none", "epsilon_start": 1.0, "epsilon_end": 1.0, "buffer_size": 2000,
+        "n_step": 1, "final_episodes": 1, "eval_envs": 1, "eval_epsilon": 1.0,
+    })  # fmt: skip
+    train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["replay"]
+    dones = int(state["dones"][state["valid"]].sum())
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    acc.Reload()
+    games = len(acc.Scalars("charts/episodic_length"))
+    assert games >= 1 and dones >= 5 * games  # each game: four lives lost, then the last
+    assert set(state["rewards"][state["valid"]].unique().tolist()) <= {0.0, 1.0}  # clipped
+
+
 def _wrappers(env: gym.Env) -> list[gym.Env]:
     out = []
     while isinstance(env, gym.Wrapper):

@@ -47,6 +47,50 @@ def test_every_episode_is_played_to_its_end() -> None:
     assert calls == [3] * 15
 
 
+@pytest.mark.parametrize("copies", [1, 3, 10])
+def test_eval_epsilon_draws_per_episode_so_a_score_does_not_depend_on_the_copies(
+    copies: int,
+) -> None:
+    """CartPole under a fixed policy with random actions mixed in at epsilon 0.3: the same
+    episodes whatever the number of copies; epsilon 0 is the greedy policy's."""
+    torch.manual_seed(0)
+    q = QNetwork((4,), 2, (16,))
+
+    def play(epsilon: float, n: int) -> np.ndarray:
+        policy = ActionSelector(q, (4,), n, noise=False)
+        envs = [make_env("CartPole-v1") for _ in range(n)]
+        return run_episodes(policy, envs, 9, seed=5, epsilon=epsilon, n_actions=2).lengths
+
+    greedy = play(0.0, 1)
+    np.testing.assert_array_equal(play(0.3, copies), play(0.3, 1))
+    assert not np.array_equal(play(0.3, copies), greedy)
+
+
+def test_eval_epsilon_1_plays_uniformly_at_random() -> None:
+    seen: list[int] = []
+
+    class Recorder:
+        """Wraps Cue-v0's step to record the actions played."""
+
+        def __init__(self) -> None:
+            self.env = make_env("NoisyDQN/Cue-v0")
+
+        def reset(self, **kw):
+            return self.env.reset(**kw)
+
+        def step(self, action):
+            seen.append(int(action))
+            return self.env.step(action)
+
+    def policy(batch: np.ndarray) -> np.ndarray:
+        return np.zeros(len(batch), dtype=np.int64)  # always 0: any 1 came from epsilon
+
+    run_episodes(policy, [Recorder()], 40, seed=0, epsilon=1.0, n_actions=2)
+    assert len(seen) == 200 and 0.35 < np.mean(seen) < 0.65
+    with pytest.raises(ValueError, match="n_actions"):
+        run_episodes(policy, [Recorder()], 1, seed=0, epsilon=0.5)
+
+
 def test_round_and_stream_change_the_episodes() -> None:
     def policy(batch: np.ndarray) -> np.ndarray:
         return np.ones(len(batch), dtype=np.int64)

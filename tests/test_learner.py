@@ -355,6 +355,35 @@ def _numpy_equals_autograd(
     assert ma.q_values == pytest.approx(mb.q_values, rel=1e-9)
 
 
+@pytest.mark.parametrize("noisy", ["all", "none"])
+def test_numpy_updates_equal_autograd_updates_for_the_der_network(noisy: str) -> None:
+    """Data-efficient Rainbow (patch convolutions over uint8 frames, noisy dueling C51
+    heads, importance weights): the numpy update, whose target reads next_obs's patches
+    from the online forward, against autograd to 1e-10 in float64."""
+    torch.manual_seed(0)
+    net = QNetwork((4, 30, 30), 3, (16,), torso="der", dueling=True, noisy_layers=noisy,
+                   num_atoms=11, v_min=-3.0, v_max=3.0, dtype=torch.float64)  # fmt: skip
+    a, b = _twin_learners(net, lr=1e-3, noise=noisy == "all")
+    assert (a.backend, b.backend) == ("torch", "numpy")
+    for i in range(6):
+        g = torch.Generator().manual_seed(i)
+        batch = _batch(b=8, dtype=torch.float64, seed=i)._replace(
+            obs=torch.randint(0, 256, (8, 4, 30, 30), dtype=torch.uint8, generator=g),
+            next_obs=torch.randint(0, 256, (8, 4, 30, 30), dtype=torch.uint8, generator=g),
+            actions=torch.randint(0, 3, (8,), generator=g),
+            weights=torch.rand(8, dtype=torch.float64, generator=g) + 0.1,
+        )
+        errors = []
+        for learner in (a, b):
+            torch.manual_seed(100 + i)
+            errors.append(learner.update(batch))
+        torch.testing.assert_close(errors[0], errors[1], rtol=1e-9, atol=1e-12)
+        if i == 3:
+            a.sync_target()
+            b.sync_target()
+    _assert_same_learners(a, b)
+
+
 def test_numpy_updates_leave_frozen_parameters_alone_as_autograd_does() -> None:
     torch.manual_seed(0)
     net = QNetwork((4,), 2, (16, 16), dtype=torch.float64)

@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import DEVICES, OpRecorder
 
-from agent.networks import MinAtarCNN, NatureCNN, QNetwork
+from agent.networks import DataEfficientCNN, MinAtarCNN, NatureCNN, QNetwork, resolve_torso
 from agent.noisy import NoisyLinear, noise_disabled, noisy_layers
 
 def _cfg_id(cfg: dict) -> str:
     duel = cfg.get("dueling", False) and cfg.get("dueling_streams", "hidden")
-    return f"{cfg['obs_shape']}-{cfg['hidden_sizes']}-duel{duel}"
+    return f"{cfg['obs_shape']}-{cfg['hidden_sizes']}-duel{duel}-{cfg.get('torso', 'auto')}"
 
 
 CONFIGS = [
@@ -27,6 +27,8 @@ CONFIGS = [
     {"obs_shape": (4,), "hidden_sizes": (16, 16), "dueling": True, "dueling_streams": "linear"},
     # Revisiting Rainbow's MinAtar network: the streams read the convolution's features.
     {"obs_shape": (4, 10, 10), "hidden_sizes": (), "dueling": True, "dueling_streams": "linear"},
+    # Data-efficient Rainbow's torso.
+    {"obs_shape": (4, 84, 84), "hidden_sizes": (16,), "dueling": True, "torso": "der"},
 ]
 
 
@@ -207,6 +209,46 @@ def test_small_images_get_minatars_torso_and_large_ones_the_nature_cnn() -> None
     grids = torch.rand(3, 6, 10, 10) < 0.3
     with noise_disabled(small):
         torch.testing.assert_close(small(grids), small(grids.float()))
+
+
+def test_the_der_torso_is_two_patch_convolutions_and_scales_frames_itself() -> None:
+    net = QNetwork((4, 84, 84), 6, (256,), torso="der", dueling=True, noisy_layers="all")
+    assert isinstance(net.torso, DataEfficientCNN) and net.torso.out_features == 576
+    c1, c2 = net.torso.convs[0], net.torso.convs[2]
+    assert (c1.in_channels, c1.out_channels, c1.kernel_size, c1.stride) == (4, 32, (5, 5), (5, 5))
+    assert (c2.in_channels, c2.out_channels, c2.kernel_size, c2.stride) == (32, 64, (5, 5), (5, 5))
+    assert [(m.in_features, m.out_features) for m in noisy_layers(net)] == [
+        (576, 256), (256, 1), (576, 256), (256, 6)
+    ]  # fmt: skip
+    frames = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    with noise_disabled(net):
+        # 0-255 frames in any dtype are divided by 255 before the torso
+        torch.testing.assert_close(net(frames), net(frames.float()))
+        features = net.torso(frames.float() / 255.0)
+        value, adv = net.value(features), net.advantage(features)
+        torch.testing.assert_close(net(frames), value + adv - adv.mean(dim=1, keepdim=True))
+
+
+def test_the_torso_key_picks_by_shape_or_refuses_one_that_does_not_fit() -> None:
+    assert resolve_torso((4,)) == "mlp"
+    assert resolve_torso((6, 10, 10)) == "minatar"
+    assert resolve_torso((4, 84, 84)) == "nature"
+    assert resolve_torso((4, 84, 84), "der") == "der" and resolve_torso((2, 25, 30), "der")
+    assert resolve_torso((4, 84, 84), "minatar") == "minatar"
+    least = "images of at least"
+    refused = [
+        ((4,), "der", f"{least} 25x25"),
+        ((4, 24, 84), "der", f"{least} 25x25"),
+        ((4, 30, 30), "nature", f"{least} 36x36"),
+        ((4, 84, 84), "mlp", "vector observations"),
+        ((4,), "minatar", f"{least} 3x3"),
+    ]
+    for shape, torso, what in refused:
+        with pytest.raises(ValueError, match=f"torso {torso} takes {what}.*torso=auto"):
+            resolve_torso(shape, torso)
+    with pytest.raises(ValueError, match="torso must be one of"):
+        resolve_torso((4,), "resnet")
+    assert isinstance(QNetwork((4, 84, 84), 2, (8,), torso="minatar").torso, MinAtarCNN)
 
 
 def test_invalid_arguments() -> None:

@@ -39,17 +39,24 @@ def _compile(net: nn.Module) -> Compiled:
 
 
 def _check_against_autograd(
-    net: nn.Module, in_features: int | tuple[int, ...], rows: int = 7
+    net: nn.Module, in_features: int | tuple[int, ...], rows: int = 7, frames: bool = False
 ) -> None:
-    """Q values and d(sum(w * Q))/d(param) for random w: numpy == autograd (float64)."""
+    """Q values and d(sum(w * Q))/d(param) for random w: numpy == autograd (float64).
+    ``frames``: uint8 observations of 0-255; the gradient covers the first rows only, as
+    the learner's (obs, then next_obs)."""
     program, params, grads, written = _compile(net)
     rng = np.random.default_rng(1)
     shape = in_features if isinstance(in_features, tuple) else (in_features,)
     # float32 observations for a QNetwork (its forward casts them), else the parameters' dtype
-    x = rng.standard_normal((rows, *shape)).astype(
-        np.float32 if isinstance(net, QNetwork) else np.float64
-    )
+    if frames:
+        x = rng.integers(0, 256, (rows, *shape), dtype=np.uint8)
+    else:
+        x = rng.standard_normal((rows, *shape)).astype(
+            np.float32 if isinstance(net, QNetwork) else np.float64
+        )
     q = program.forward(x, tape=True)
+    if frames:
+        x, q = x[: rows - 2], q[: rows - 2]
     weights = rng.standard_normal(q.shape)
     program.backward(weights)
     for p in params:
@@ -110,6 +117,78 @@ class TwoConvs(nn.Module):
 def test_gradients_equal_autograd_through_stacked_convolutions() -> None:
     torch.manual_seed(0)
     _check_against_autograd(TwoConvs().double(), (2, 8, 6))
+
+
+@pytest.mark.parametrize("noise", [True, False])
+@pytest.mark.parametrize("noisy", ["all", "none"])
+@pytest.mark.parametrize("num_atoms", [1, 51])
+@pytest.mark.parametrize("shape", [(4, 84, 84), (3, 27, 31)], ids=["atari", "cropped"])
+def test_gradients_equal_autograd_for_the_der_network(
+    shape: tuple[int, ...], num_atoms: int, noisy: str, noise: bool
+) -> None:
+    """Data-efficient Rainbow's torso (patch convolutions cut from the uint8 frames, then
+    scaled) and its dueling heads, to 1e-10 in float64; trailing rows and columns dropped."""
+    torch.manual_seed(0)
+    net = QNetwork(shape, 5, (16,), torso="der", dueling=True, noisy_layers=noisy,
+                   num_atoms=num_atoms, dtype=torch.float64)  # fmt: skip
+    reset_noise(net)
+    set_noise(net, noise)
+    _check_against_autograd(net, shape, frames=True)
+    program = NumpyProgram.build(net)
+    assert program.input_key  # the patches are cut from the raw frames
+
+
+class PatchesBetweenLayers(nn.Module):
+    """Patch convolutions read by a convolution, a mean and a product (channels-last
+    outputs made channels-first for them), one scaled by a product on the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 6, kernel_size=2, stride=2)
+        self.c2 = nn.Conv2d(6, 4, kernel_size=3, stride=1, padding=1)
+        self.c3 = nn.Conv2d(4, 5, kernel_size=2, stride=2, bias=False)
+        self.flat = nn.Flatten()
+        self.out = nn.Linear(5 * 2 * 3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.c1(x.to(torch.float64) * 0.5))
+        h = torch.tanh(self.c2(h)) * h.mean(dim=1, keepdim=True)
+        return self.out(self.flat(torch.relu(self.c3(h))))
+
+
+class InputReadTwice(nn.Module):
+    """The input feeds a patch convolution and a linear layer: no input chain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, kernel_size=3, stride=3)
+        self.flat = nn.Flatten()
+        self.skip = nn.Linear(36, 3)
+        self.out = nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.flat(torch.relu(self.conv(x)))) + self.skip(self.flat(x))
+
+
+@pytest.mark.parametrize("module", [PatchesBetweenLayers, InputReadTwice])
+def test_gradients_equal_autograd_around_patch_convolutions(module: type) -> None:
+    torch.manual_seed(0)
+    net = module().double()
+    shape = (2, 9, 13) if module is PatchesBetweenLayers else (1, 6, 6)
+    _check_against_autograd(net, shape)
+
+
+def test_a_program_takes_the_input_stage_of_another_with_the_same_key() -> None:
+    """The learner's target network reads next_obs's patches from the online forward."""
+    torch.manual_seed(0)
+    online = QNetwork((4, 30, 30), 3, (8,), torso="der", dtype=torch.float64)
+    target = QNetwork((4, 30, 30), 3, (8,), torso="der", dtype=torch.float64)
+    a, b = NumpyProgram.build(online), NumpyProgram.build(target)
+    assert a.input_key == b.input_key
+    x = np.random.default_rng(0).integers(0, 256, (6, 4, 30, 30), dtype=np.uint8)
+    a.forward(x, tape=True)
+    alone = b.forward(x[4:]).copy()
+    assert np.array_equal(b.forward(x[4:], stage=a.input_stage(slice(4, None))), alone)
 
 
 class Residual(nn.Module):

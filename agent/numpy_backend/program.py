@@ -42,7 +42,8 @@ import torch.fx as fx
 from torch import nn
 
 from agent.noisy import NoisyLinear
-from agent.numpy_backend.layers import GradientSink, Linear, TorchConv2d, Unsupported
+from agent.numpy_backend.layers import GradientSink, Linear, PatchConv2d, TorchConv2d, Unsupported
+from agent.numpy_backend.patches import InputChain, patch_conv_geometry, patches, unpatch
 from agent.numpy_backend.ops import (
     ACTIVATION_FUNCTIONS,
     ACTIVATION_METHODS,
@@ -76,7 +77,7 @@ class Const:
 class _Node:
     """One traced op: reads ``args`` (slot numbers, or constants), writes slot ``out``."""
 
-    __slots__ = ("args", "backward", "forward", "grad_args", "out")
+    __slots__ = ("args", "backward", "forward", "grad_args", "input_key", "out")
 
     def __init__(
         self,
@@ -85,9 +86,13 @@ class _Node:
         forward: Callable[..., Array],
         backward: Callable[..., list[Array | None]],
         grad_args: list[bool],
+        input_key: tuple | None = None,
     ) -> None:
         self.out, self.args, self.forward, self.backward = out, args, forward, backward
         self.grad_args = grad_args  # which arguments (slots) need a gradient
+        # For a step of the input stage (a function of the input alone: no parameters),
+        # what it computes; None for every other node.
+        self.input_key = input_key
 
 
 class _Tracer(fx.Tracer):
@@ -164,10 +169,22 @@ class NumpyProgram:
         sink: GradientSink | None,
         linears: list[Linear],
         switch: list[bool | None],
+        cast_input: bool = True,
     ) -> None:
         self.dtype = dtype
+        # False where every reader of the input casts it itself (patches cut from raw
+        # frames, :mod:`agent.numpy_backend.patches`).
+        self._cast_input = cast_input
         self._nodes = nodes
         self._forward = [(node.out, _reader(node.forward, node.args)) for node in nodes]
+        # The input stage (patches cut from the input): what another program with the
+        # same stage can take instead of computing it again (:meth:`input_stage`).
+        self.input_key = tuple(node.input_key for node in nodes if node.input_key is not None)
+        self._stage_slots = [node.out for node in nodes if node.input_key is not None]
+        self._after_stage = [
+            (out, run) for (out, run), node in zip(self._forward, nodes, strict=True)
+            if node.input_key is None
+        ]  # fmt: skip
         self._output = output
         self._tape: list[Any] = [None] * (len(nodes) + 1)
         self._scratch: list[Any] = [None] * (len(nodes) + 1)
@@ -211,21 +228,40 @@ class NumpyProgram:
         except Unsupported as e:
             raise Unsupported(f"{name} ({e})") from None
 
-    def forward(self, x: Array, *, tape: bool = False, noise: bool | None = None) -> Array:
+    def forward(
+        self,
+        x: Array,
+        *,
+        tape: bool = False,
+        noise: bool | None = None,
+        stage: Mapping[int, Array] | None = None,
+    ) -> Array:
         """The module's output for ``x`` (cast to the parameters' dtype, as QNetwork does).
 
         ``noise``: None uses each NoisyLinear's noise where its ``noise_enabled`` says (as
         its own forward does); True or False turns it on or off in every layer.
         ``tape=True`` keeps the intermediate values for :meth:`backward`; without it,
         scratch room is used and the tape of an earlier call stays intact (as long as the
-        noise and parameters do).
+        noise and parameters do). ``stage``: the input stage for ``x``, already computed
+        by a program with the same :attr:`input_key` (:meth:`input_stage`).
         """
         self._switch[0] = noise
         slots = self._tape if tape else self._scratch
-        slots[0] = np.asarray(x, dtype=self.dtype)
-        for out, run in self._forward:
+        slots[0] = np.asarray(x, dtype=self.dtype) if self._cast_input else np.asarray(x)
+        steps = self._forward
+        if stage is not None:
+            for out in self._stage_slots:
+                slots[out] = stage[out]
+            steps = self._after_stage
+        for out, run in steps:
             slots[out] = run(slots)
         return slots[self._output]
+
+    def input_stage(self, rows: slice) -> dict[int, Array]:
+        """The input stage of the last taped forward, for ``rows`` of its input: what
+        :meth:`forward` takes as ``stage`` in a program with the same :attr:`input_key`
+        (the learner's target network reads next_obs's patches from the online one's)."""
+        return {out: self._tape[out][rows] for out in self._stage_slots}
 
     def backward(self, grad_output: Array) -> None:
         """Add d(sum(grad_output * output))/d(param) into the sink, for the last taped forward.
@@ -265,10 +301,25 @@ def _compile(
     # slot -> the fewest dimensions its value can have: the input has a batch axis and at
     # least one more, so a dimension counted from the end is provably not the batch.
     rank: dict[int, int] = {0: 2}
+    # Slots holding channels-last images (B, H, W, C): the outputs of patch convolutions
+    # and of elementwise ops on them; any other reader gets them channels-first.
+    channels_last: set[int] = set()
     nodes: list[_Node] = []
     linears: dict[str, Linear] = {}
     switch: list[bool | None] = [None]
     output: int | None = None
+    chains = _input_chains(module, graph, dtype)
+    in_chains = {n for chain in chains.values() for n in chain}
+
+    def channels_first(arg: Any) -> Any:
+        """``arg`` as a (B, C, H, W) slot: a transpose node for a channels-last one."""
+        if type(arg) is not int or arg not in channels_last:
+            return arg
+        out = len(nodes) + 1
+        nodes.append(_channels_first_node(out, arg, needs_grad))
+        needs_grad[out], rank[out] = needs_grad[arg], rank[arg]
+        return out
+
     for node in graph.nodes:
         try:
             if node.op == "placeholder":
@@ -276,24 +327,48 @@ def _compile(
                     raise Unsupported("more than one input")
                 slot[node] = 0
                 continue
+            if node in in_chains:  # applied to the patches instead (_input_chains)
+                continue
             if node.op == "output":
                 if not isinstance(node.args[0], fx.Node):
                     raise Unsupported("output is not one tensor")
-                output = slot[node.args[0]]
+                output = channels_first(slot[node.args[0]])
                 continue
             if any(isinstance(v, fx.Node) for v in node.kwargs.values()):
                 raise Unsupported("tensor keyword argument")
+            sub = module.get_submodule(node.target) if node.op == "call_module" else None
+            kind = type(sub)
+            if node.op == "call_module" and patch_conv_geometry(sub) is not None:
+                source = 0 if node in chains else slot[node.args[0]]
+                last = source in channels_last
+                nodes.append(_patches_node(len(nodes) + 1, source, sub, last, needs_grad,
+                                           chains.get(node)))  # fmt: skip
+                p = len(nodes)
+                needs_grad[p], rank[p] = needs_grad[source], 4
+                layer = PatchConv2d(sub, sink, last)
+                out = len(nodes) + 1
+                nodes.append(_patch_conv_node(out, p, layer, needs_grad, sink))
+                needs_grad[out] = any(i is not None for i in layer.grad_slots) or needs_grad[p]
+                rank[out] = 4
+                channels_last.add(out)
+                slot[node] = out
+                continue
             args = [slot[a] if isinstance(a, fx.Node) else _constant(a) for a in node.args]
+            keeps_layout = kind in ACTIVATION_MODULES or (
+                node.op == "call_function" and node.target in ACTIVATION_FUNCTIONS
+            ) or (node.op == "call_method" and node.target in ACTIVATION_METHODS)
+            flatten = kind is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1
+            if not keeps_layout and not flatten:
+                args = [channels_first(a) for a in args]
             out = len(nodes) + 1
             trainable = False  # the node's own parameters need a gradient
             if node.op == "call_module":
-                sub = module.get_submodule(node.target)
-                kind = type(sub)
                 if kind is nn.Identity:
                     slot[node] = args[0]
                     continue
-                if kind is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1:
-                    nodes.append(_reshape_node(out, args, needs_grad))
+                if flatten:
+                    last = args[0] in channels_last
+                    nodes.append(_reshape_node(out, args, needs_grad, last))
                     rank[out] = 2
                 elif kind is nn.Conv2d:
                     new, trainable = _conv_node(out, args, sub, needs_grad, sink)
@@ -346,13 +421,133 @@ def _compile(
             needs_grad[out] = trainable or any(needs_grad[a] for a in args if type(a) is int)
             # Elementwise ops and layers keep (broadcast) the dimensions of their inputs.
             rank.setdefault(out, max([rank[a] for a in args if type(a) is int], default=0))
+            if keeps_layout and args[0] in channels_last:
+                channels_last.add(out)
             slot[node] = out
         except Unsupported as e:
             where = node.target if node.op == "call_module" else f"node {node.name}"
             raise Unsupported(f"{e} at {where}") from None
     if output is None:
         raise Unsupported("no output")
-    return NumpyProgram(dtype, nodes, output, sink, list(linears.values()), switch)
+    return NumpyProgram(dtype, nodes, output, sink, list(linears.values()), switch,
+                        cast_input=not chains)  # fmt: skip
+
+
+def _input_chains(module: nn.Module, graph: fx.Graph, dtype: np.dtype) -> dict[fx.Node, list]:
+    """The patch convolutions that read the input through a cast to floats and then
+    divisions or products by numbers, each step read by nothing else: conv node -> those
+    steps' nodes, in order. Only where every reader of the input starts such a chain (the
+    input then stays as it comes, uint8 frames, until the patches are cut): else none."""
+    (placeholder,) = [n for n in graph.nodes if n.op == "placeholder"] or [None]
+    if placeholder is None or not placeholder.users:
+        return {}
+    chains: dict[fx.Node, list] = {}
+    for head in placeholder.users:
+        if not (head.op == "call_method" and head.target in ("to", "float", "double")):
+            return {}
+        try:
+            _cast_target(head)
+        except Unsupported:
+            return {}
+        chain, node = [head], head
+        while len(node.users) == 1:
+            (user,) = node.users
+            if user.op == "call_module" and patch_conv_geometry(
+                module.get_submodule(user.target)
+            ) is not None:
+                chains[user] = chain
+                break
+            scales = user.op == "call_function" and user.target in (
+                operator.truediv, operator.mul
+            )  # fmt: skip
+            numbers = [a for a in user.args if a is not node]
+            if not (scales and len(user.args) == 2 and not user.kwargs
+                    and len(numbers) == 1 and isinstance(numbers[0], int | float)
+                    and (user.target is operator.mul or user.args[0] is node)):  # fmt: skip
+                return {}
+            chain.append(user)
+            node = user
+        else:
+            return {}
+    return chains
+
+
+def _chain_steps(chain: list[fx.Node]) -> InputChain:
+    """The numpy steps of an input chain (:func:`_input_chains`): the cast, then each scaling."""
+    steps: list[Callable[[Array], Array]] = []
+    cast: np.dtype | None = None  # a pending cast, done by the next scaling in one pass
+    for node in chain:
+        if node.op == "call_method":
+            if cast is not None:
+                steps.append(lambda x, t=cast: np.asarray(x, dtype=t))
+            cast = _cast_target(node)
+            continue
+        (number,) = [a for a in node.args if not isinstance(a, fx.Node)]
+        ufunc = np.divide if node.target is operator.truediv else np.multiply
+        # The cast's dtype for the arithmetic: as casting first, without its array.
+        steps.append(lambda x, f=ufunc, c=number, t=cast: f(x, c, dtype=t))
+        cast = None
+    if cast is not None:
+        steps.append(lambda x, t=cast: np.asarray(x, dtype=t))
+    return InputChain(steps)
+
+
+def _patches_node(
+    out: int,
+    source: int,
+    layer: nn.Conv2d,
+    channels_last: bool,
+    needs_grad: dict[int, bool],
+    chain: list[fx.Node] | None,
+) -> _Node:
+    """Cut a patch convolution's input into its patches (through an input chain's steps)."""
+    k = patch_conv_geometry(layer)
+    assert k is not None
+    if layer.in_channels != layer.weight.shape[1] * layer.groups:
+        raise Unsupported("a grouped convolution")
+    steps = _chain_steps(chain) if chain else None
+
+    def forward(x: Array) -> Array:
+        p = patches(x, k, channels_last)
+        return p if steps is None else steps(p)
+
+    chain_key = None if chain is None else tuple(
+        (n.op, str(n.target), tuple(a for a in n.args if not isinstance(a, fx.Node)),
+         tuple(sorted((key, str(v)) for key, v in n.kwargs.items())))
+        for n in chain
+    )  # fmt: skip
+    return _Node(
+        out,
+        [source],
+        forward,
+        lambda g, values, y: [unpatch(g, k, values[0].shape, channels_last)],
+        _grad_flags([source], needs_grad),
+        input_key=("patches", k, channels_last, chain_key) if source == 0 else None,
+    )
+
+
+def _patch_conv_node(
+    out: int, source: int, layer: PatchConv2d, needs_grad: dict[int, bool],
+    sink: GradientSink | None,
+) -> _Node:  # fmt: skip
+    need_input = needs_grad[source]
+
+    def backward(g: Array, values: list[Array], y: Array) -> list[Array | None]:
+        assert sink is not None
+        return [layer.backward(g, values[0], need_input, sink)]
+
+    return _Node(out, [source], layer.forward, backward, [need_input])
+
+
+def _channels_first_node(out: int, source: int, needs_grad: dict[int, bool]) -> _Node:
+    """(B, H, W, C) -> (B, C, H, W), for a reader that takes images channels-first."""
+    return _Node(
+        out,
+        [source],
+        lambda x: np.ascontiguousarray(x.transpose(0, 3, 1, 2)),
+        lambda g, values, y: [g.transpose(0, 2, 3, 1)],
+        _grad_flags([source], needs_grad),
+    )
 
 
 def _constant(arg: Any) -> Const:
@@ -474,12 +669,28 @@ def _activation_node(
     )
 
 
-def _reshape_node(out: int, args: list[Any], needs_grad: dict[int, bool]) -> _Node:
+def _reshape_node(
+    out: int, args: list[Any], needs_grad: dict[int, bool], channels_last: bool = False
+) -> _Node:
+    """Flatten to (B, -1); channels-last images in the channels-first order, as torch has them."""
+    if not channels_last:
+        return _Node(
+            out,
+            args,
+            lambda x: x.reshape(x.shape[0], -1),
+            lambda g, values, y: [g.reshape(values[0].shape)],
+            _grad_flags(args, needs_grad),
+        )
+
+    def backward(g: Array, values: list[Array], y: Array) -> list[Array | None]:
+        b, h, w, c = values[0].shape
+        return [g.reshape(b, c, h, w).transpose(0, 2, 3, 1)]
+
     return _Node(
         out,
         args,
-        lambda x: x.reshape(x.shape[0], -1),
-        lambda g, values, y: [g.reshape(values[0].shape)],
+        lambda x: x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1),
+        backward,
         _grad_flags(args, needs_grad),
     )
 

@@ -25,14 +25,16 @@ __all__ = ["check_local", "run_local"]
 
 def check_local(trials: list[Trial]) -> None:
     """A :class:`~agent.errors.UserError` before anything is written when a grid point's
-    seeds would not fit in memory together."""
+    torso does not fit its env or its seeds would not fit in memory together."""
     from agent.config import config_from_dict
     from agent.seeds.group import check_memory
+    from agent.train import check_torso
     from envs import inspect_env
 
     for group in by_grid_point(trials):
         cfg = config_from_dict(dict(group[0].config), f"sweep trial {group[0].name}")
         spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
+        check_torso(cfg, spec)
         if len(spec.obs_shape) == 1:
             check_memory(cfg, spec.obs_shape, spec.obs_dtype, len(group))
 

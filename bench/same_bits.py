@@ -1,0 +1,130 @@
+"""Are trajectories unchanged to the bit? Short runs of fixed configurations, each reduced
+to a digest of everything its ``last.pt`` and ``result.json`` hold but wall times.
+
+    python -m bench.same_bits --out new.json              # this checkout
+    python -m bench.same_bits --checkout ../old --out old.json   # another one (a worktree)
+    python -m bench.same_bits --compare old.json new.json  # exit 1 where a digest differs
+
+A refactor that claims to change nothing runs it on both commits; a landing during report
+runs checks that their configurations still reproduce. Every case is a ``run.py`` command,
+run in the checkout it names, one torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# (name, run.py arguments): short, but long enough that every case learns, evaluates and
+# checkpoints.
+CASES: list[tuple[str, list[str]]] = [
+    ("cartpole", ["--env", "CartPole-v1", "--total-steps", "3000", "--set", "random_starts=500",
+                  "--set", "eval_interval=1500"]),
+    ("mountaincar", ["--env", "MountainCar-v0", "--total-steps", "3000",
+                     "--set", "random_starts=500", "--set", "eval_interval=1500"]),
+    ("cartpole-seeds", ["--env", "CartPole-v1", "--seeds", "2", "--total-steps", "2000",
+                        "--set", "random_starts=500", "--set", "eval_interval=1000"]),
+    ("minatar-breakout", ["--env", "MinAtar/Breakout-v0", "--total-steps", "6000",
+                          "--set", "learning_starts=1000", "--set", "random_starts=1000",
+                          "--set", "eval_interval=3000", "--set", "confirm_episodes=5"]),
+    ("minatar-rainbow", ["--env", "MinAtar/SpaceInvaders-v0", "--config", "rainbow",
+                         "--total-steps", "5000", "--set", "learning_starts=1000",
+                         "--set", "random_starts=1000", "--set", "eval_interval=2500",
+                         "--set", "confirm_episodes=5"]),
+    ("atari-nature", ["--env", "PongNoFrameskip-v4", "--total-steps", "1200",
+                      "--set", "learning_starts=600", "--set", "buffer_size=5000",
+                      "--set", "eval_interval=1200", "--set", "eval_episodes=1",
+                      "--set", "confirm_episodes=1",
+                      "--set", "env_kwargs={max_num_frames_per_episode: 4000}"]),
+    ("atari-der", ["--env", "BreakoutNoFrameskip-v4", "--config", "der", "--total-steps", "2400",
+                   "--set", "final_episodes=2", "--set", "eval_envs=2",
+                   "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
+]
+# What is not the trajectory: times, where the run was, and the config as saved (which
+# grows a key with every new setting; the cases fix the values that matter).
+_WALL = {"wall_time_s", "final_eval_wall_s", "run_dir", "config"}
+
+
+def _digest(value: object, h: hashlib._Hash) -> None:
+    """Feed ``value`` (a checkpoint's nested dicts, lists, tensors and numbers) to ``h``."""
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            if key in _WALL:
+                continue
+            h.update(str(key).encode())
+            _digest(value[key], h)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _digest(item, h)
+    elif isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    else:
+        h.update(repr(value).encode())
+
+
+def run_digests(names: list[str], root: Path, work: Path, out=sys.stdout) -> dict[str, str]:
+    """Each case's digest, trained by ``root``'s run.py in a directory under ``work``."""
+    digests = {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name, args in CASES:
+        if names and name not in names:
+            continue
+        run_dir = work / name
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "run.py", *args, "--run-dir", str(run_dir),
+                               "--no-progress"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+        if done.returncode != 0:  # a case this checkout cannot run (a key it lacks)
+            last = (done.stderr.strip().splitlines() or ["?"])[-1]
+            digests[name] = f"failed: {last}"
+            print(f"{name}: failed ({last})", file=out)
+            continue
+        h = hashlib.sha256()
+        for path in sorted(run_dir.rglob("last.pt")) + sorted(run_dir.rglob("result.json")):
+            h.update(str(path.relative_to(run_dir)).encode())
+            if path.suffix == ".pt":
+                _digest(torch.load(path, weights_only=True), h)
+            else:
+                _digest(json.loads(path.read_text()), h)
+        digests[name] = h.hexdigest()
+        print(f"{name}: {digests[name][:16]} ({time.perf_counter() - start:.0f} s)", file=out)
+    return digests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the digests here (JSON)")
+    parser.add_argument("--checkout", default=".", help="the checkout whose run.py trains")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default all)")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two digest files")
+    args = parser.parse_args()
+    if args.compare:
+        a, b = (json.loads(Path(p).read_text()) for p in args.compare)
+        differ = False
+        for k in sorted(a.keys() & b.keys()):
+            if a[k].startswith("failed") or b[k].startswith("failed"):
+                print(f"{k}: not compared ({a[k] if a[k].startswith('failed') else b[k]})")
+            else:
+                print(f"{k}: {'same' if a[k] == b[k] else 'DIFFERENT'}")
+                differ |= a[k] != b[k]
+        sys.exit(1 if differ else 0)
+    names = [n for n in args.cases.split(",") if n]
+    with tempfile.TemporaryDirectory() as work:
+        digests = run_digests(names, Path(args.checkout).resolve(), Path(work))
+    if args.out:
+        Path(args.out).write_text(json.dumps(digests, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
