@@ -257,12 +257,14 @@ def training_checkpoint(
     episodes: dict[str, Any],
     replay: Any | None,
     wall_time_s: float = 0.0,
+    augment: Any | None = None,
 ) -> dict[str, Any]:
     """A :func:`policy_checkpoint` plus everything an exact resume needs (``last.pt``).
 
-    ``learner``, ``selector`` and ``replay`` are anything with a ``state_dict()``;
-    ``episodes`` is the episode bookkeeping's state (``agent.episodes``). With
-    ``replay=None`` the buffer is not saved and a resume starts with an empty one.
+    ``learner``, ``selector``, ``replay`` and ``augment`` (the batch augmentation, if
+    any) are anything with a ``state_dict()``; ``episodes`` is the episode bookkeeping's
+    state (``agent.episodes``). With ``replay=None`` the buffer is not saved and a resume
+    starts with an empty one.
     """
     data = {
         **policy,
@@ -278,6 +280,8 @@ def training_checkpoint(
     }
     if replay is not None:
         data["replay"] = replay.state_dict()
+    if augment is not None:
+        data["augment"] = augment.state_dict()
     return data
 
 
@@ -291,6 +295,7 @@ def restore_training(
     explore_rng: np.random.Generator,
     selector: Any,
     replay: Any,
+    augment: Any | None = None,
 ) -> list[tuple[int, float]]:
     """Load a :func:`training_checkpoint` into the run's parts; returns the eval curve.
 
@@ -306,6 +311,8 @@ def restore_training(
     sample_generator.set_state(data["sample_generator"])
     explore_rng.bit_generator.state = data["explore_rng"]
     selector.load_state_dict(data["selector"])
+    if augment is not None and "augment" in data:
+        augment.load_state_dict(data["augment"])
     return [(int(s), float(r)) for s, r in data["eval_curve"].tolist()]
 
 

@@ -187,6 +187,11 @@ class Config:
     judged on its own buffer."""
     batch_size: int = 32
     """Transitions per gradient update."""
+    augment: Literal["none", "shift"] = "none"
+    """Augmentation of every replay batch an update learns from (image observations only).
+    ``shift``: DrQ's random shift (Kostrikov et al. 2021): each observation's frames,
+    obs and next_obs each on their own, padded by 4 repeated border pixels and cropped back
+    to their size at a random offset."""
     learning_starts: int = 500
     """Environment steps collected before the first update."""
     random_starts: int = 15_000

@@ -26,6 +26,7 @@ import yaml
 from threadpoolctl import threadpool_limits
 
 from agent.acting import ActionSelector
+from agent.augment import RandomShift, make_augment
 from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.checkpoint import (
     CheckpointWriteError,
@@ -58,7 +59,7 @@ __all__ = [
     "TrainResult",
     "build_agent",
     "build_q_network",
-    "check_torso",
+    "check_observations",
     "close_quietly",
     "crossed",
     "exploration_probe",
@@ -174,8 +175,9 @@ def build_q_network(
     )
 
 
-def check_torso(cfg: Config, spec: EnvSpec) -> None:
-    """A :class:`UserError` for a torso that does not fit the env's observations."""
+def check_observations(cfg: Config, spec: EnvSpec) -> None:
+    """A :class:`UserError` for a torso or an augmentation that does not fit the env's
+    observations."""
     try:
         torso = resolve_torso(spec.obs_shape, cfg.torso)
     except ValueError as e:
@@ -184,6 +186,11 @@ def check_torso(cfg: Config, spec: EnvSpec) -> None:
         raise UserError(
             f"invalid config: torso der takes frames of 0-255 (uint8), and {cfg.env_id} "
             f"gives {spec.obs_dtype} images: --set torso=auto"
+        )
+    if cfg.augment != "none" and len(spec.obs_shape) != 3:
+        raise UserError(
+            f"invalid config: augment {cfg.augment} moves images, and {cfg.env_id} gives "
+            f"vectors of shape {spec.obs_shape}: --set augment=none"
         )
 
 
@@ -286,6 +293,8 @@ class Run:
     target_return: float | None
     wall_before: float
     """Wall seconds of the run's earlier pieces (a resume), for result.json."""
+    augment: RandomShift | None = None
+    """The augmentation of the replay batches (``augment``), or None."""
 
     @property
     def resumable(self) -> dict[str, Any]:
@@ -296,6 +305,7 @@ class Run:
             "sample_generator": self.sample_generator,
             "explore_rng": self.exploration.rng,
             "selector": self.agent.selector,
+            "augment": self.augment,
         }
 
 
@@ -309,10 +319,10 @@ def prepare_run(
     """Check the config against the env, then build everything a run needs (environments,
     agent, random streams), restored from ``checkpoint`` when resuming. What must be
     closed goes on ``cleanup``."""
-    # User errors (bad id, spaces, env_kwargs, a torso that does not fit) before anything
-    # is written.
+    # User errors (bad id, spaces, env_kwargs, a torso or augmentation that does not fit)
+    # before anything is written.
     spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
-    check_torso(cfg, spec)
+    check_observations(cfg, spec)
     device = resolve_device(cfg.device)
     try:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -358,6 +368,7 @@ def prepare_run(
         Counters(learning_starts=cfg.learning_starts), [], np.empty(0), sample_generator,
         exploration, spec.reward_threshold if cfg.target_return is None else cfg.target_return,
         0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
+        make_augment(cfg.augment, agent.replay.device, cfg.seed),
     )  # fmt: skip
     if checkpoint is None:
         run.obs = episodes.reset(envs)
@@ -532,6 +543,8 @@ def train(
                 beta = annealed_beta(cfg.priority_beta, step / cfg.total_steps)
                 while learner.updates < counters.updates_due(cfg.train_freq):
                     batch = replay.sample(cfg.batch_size, run.sample_generator, beta)
+                    if run.augment is not None:  # e.g. DrQ's random shift of the images
+                        batch = run.augment(batch)
                     # per-sample errors, for a prioritized replay's priorities
                     replay.update_priorities(batch.indices, update(batch))
                 if crossed(step, n, cfg.target_update_interval):

@@ -4,6 +4,7 @@ clipping and terminal-on-life-loss in the loop, ALE preprocessing, and a Pong sm
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -304,6 +305,31 @@ def test_frame_replay_switch_and_resume(tmp_path: Path) -> None:
     for key in a["q_network"]:
         assert torch.equal(a["q_network"][key], b["q_network"][key]), key
     assert torch.equal(a["replay"]["valid"], b["replay"]["valid"])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_augmented_batches_train_and_resume_exactly(tmp_path: Path, backend: str) -> None:
+    """augment: shift on both learner paths: the shift changes what is learned, and a run
+    resumed halfway (the augmentation's generator in last.pt) is the straight run."""
+    base = {**IMAGE_RUN, "learner_backend": backend, "train_freq": 2, "torso": "der"}
+    env = "envs.testing:NoisyDQN/Frames-v0"
+    plain = load_config(env, overrides=base)
+    train(plain, tmp_path / "plain", progress=False, echo=lambda _: None)
+    shifted = load_config(env, overrides={**base, "augment": "shift"})
+    train(shifted, tmp_path / "a", progress=False, echo=lambda _: None)
+    half = load_config(env, overrides={**base, "augment": "shift", "total_steps": 300})
+    train(half, tmp_path / "b", progress=False, echo=lambda _: None)
+    data = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert "augment" in data
+    train(shifted, tmp_path / "b", checkpoint=data, progress=False, echo=lambda _: None)
+    p, a, b = (
+        load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("plain", "a", "b")
+    )
+    assert json.loads((tmp_path / "a" / "result.json").read_text())["learner_backend"] == backend
+    for key in a["q_network"]:
+        assert torch.equal(a["q_network"][key], b["q_network"][key]), key
+    assert any(not torch.equal(a["q_network"][k], p["q_network"][k]) for k in a["q_network"])
+    assert torch.equal(a["augment"]["generator"], b["augment"]["generator"])
 
 
 # --------------------------------------------------------------------------- ALE

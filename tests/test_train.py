@@ -441,6 +441,8 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--env", "MinAtar/Breakout-v0", "--set", "torso=nature"], "--set torso=auto"),
         (["--env", "CartPole-v1", "--set", "torso=resnet"], "must be 'auto' | 'mlp'"),
         (["--env", "CartPole-v1", "--set", "eval_epsilon=1.5"], "eval_epsilon must be in [0, 1]"),
+        (["--env", "CartPole-v1", "--set", "augment=shift"],
+         "augment shift moves images, and CartPole-v1 gives vectors of shape (4,)"),
         (["--env", "CartPole-v1", "--set", "final_episodes=0"], "final_episodes must be >= 1"),
         (["--env", "CartPole-v1", "--set", "priority_alpha=0"], "priority_alpha must be in"),
         (["--env", "CartPole-v1", "--set", "priority_beta=1.5"], "priority_beta must be in"),

@@ -28,13 +28,13 @@ def check_local(trials: list[Trial]) -> None:
     torso does not fit its env or its seeds would not fit in memory together."""
     from agent.config import config_from_dict
     from agent.seeds.group import check_memory
-    from agent.train import check_torso
+    from agent.train import check_observations
     from envs import inspect_env
 
     for group in by_grid_point(trials):
         cfg = config_from_dict(dict(group[0].config), f"sweep trial {group[0].name}")
         spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
-        check_torso(cfg, spec)
+        check_observations(cfg, spec)
         if len(spec.obs_shape) == 1:
             check_memory(cfg, spec.obs_shape, spec.obs_dtype, len(group))
 
