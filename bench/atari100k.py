@@ -11,6 +11,22 @@ agent step with its update: each command runs twice, to 1,600 + ``--short`` and 
 of the steps cancels start-up, the warm-up before learning and any evaluation. Beside
 them: one update of ours alone, and the floor a core's matrix-product speed puts under
 it (the multiply-adds of the three forward passes and the backward of an update).
+
+    python -m bench.atari100k report --seeds 101-103 --arms der,der-epsilon \
+        --sweep DIR [--ray-address local] [--json bench/atari100k_report.json]
+
+runs the report: the 26 games x the arms x the seeds as one sweep of the project's sweep
+machinery (in this process one run at a time; ``--ray-address local`` runs one per core,
+``HOST:PORT`` on a Ray cluster), leaving out every run whose score the JSON already holds;
+run again, it resumes. Each finished run's score, wall time and training curve go into
+the JSON (``collect`` does it at any time), which is committed as runs land.
+
+    python -m bench.atari100k table --json bench/atari100k_report.json [--plot-dir DIR]
+
+prints the aggregates (IQM, median, mean and optimality gap of human-normalised scores
+with stratified-bootstrap 95% CIs, by rliable), the paired difference of the arms, the
+per-game table beside DER's published scores, and draws the curves and the performance
+profiles.
 """
 
 from __future__ import annotations
@@ -22,7 +38,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +53,72 @@ PEER_ARGS = ["--target-update", "2000", "--learn-start", str(LEARN_START), "--me
              "100000", "--replay-frequency", "1", "--multi-step", "20", "--architecture",
              "data-efficient", "--hidden-size", "256", "--learning-rate", "0.0001"]  # fmt: skip
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class Game:
+    """An Atari 100k game: its random and human scores (the human-normalised score's ends,
+    as Dopamine's ``normalization_utils`` has them) and the per-game means published for
+    DER (van Hasselt et al. 2019), DrQ (Kostrikov et al. 2021) and SPR (Schwarzer et al.
+    2021), as SPR's per-game table gives them (reproduced in Table 5 of Cetin et al. 2022)."""
+
+    name: str
+    random: float
+    human: float
+    der: float
+    drq: float
+    spr: float
+
+    @property
+    def env_id(self) -> str:
+        return f"{self.name}NoFrameskip-v4"
+
+    def normalized(self, score: float | np.ndarray) -> float | np.ndarray:
+        """The human-normalised score: 0 at random play, 1 at the human score."""
+        return (score - self.random) / (self.human - self.random)
+
+
+# The 26 games of Atari 100k (Kaiser et al. 2019).
+GAMES: tuple[Game, ...] = (
+    Game("Alien", 227.8, 7127.7, der=739.9, drq=771.2, spr=801.5),
+    Game("Amidar", 5.8, 1719.5, der=188.6, drq=102.8, spr=176.3),
+    Game("Assault", 222.4, 742.0, der=431.2, drq=452.4, spr=571.0),
+    Game("Asterix", 210.0, 8503.3, der=470.8, drq=603.5, spr=977.8),
+    Game("BankHeist", 14.2, 753.1, der=51.0, drq=168.9, spr=380.9),
+    Game("BattleZone", 2360.0, 37187.5, der=10124.6, drq=12954.0, spr=16651.0),
+    Game("Boxing", 0.1, 12.1, der=0.2, drq=6.0, spr=35.8),
+    Game("Breakout", 1.7, 30.5, der=1.9, drq=16.1, spr=17.1),
+    Game("ChopperCommand", 811.0, 7387.8, der=861.8, drq=780.3, spr=974.8),
+    Game("CrazyClimber", 10780.5, 35829.4, der=16185.3, drq=20516.5, spr=42923.6),
+    Game("DemonAttack", 152.1, 1971.0, der=508.0, drq=1113.4, spr=545.2),
+    Game("Freeway", 0.0, 29.6, der=27.9, drq=9.8, spr=24.4),
+    Game("Frostbite", 65.2, 4334.7, der=866.8, drq=331.1, spr=1821.5),
+    Game("Gopher", 257.6, 2412.5, der=349.5, drq=636.3, spr=715.2),
+    Game("Hero", 1027.0, 30826.4, der=6857.0, drq=3736.3, spr=7019.2),
+    Game("Jamesbond", 29.0, 302.8, der=301.6, drq=236.0, spr=365.4),
+    Game("Kangaroo", 52.0, 3035.0, der=779.3, drq=940.6, spr=3276.4),
+    Game("Krull", 1598.0, 2665.5, der=2851.5, drq=4018.1, spr=3688.9),
+    Game("KungFuMaster", 258.5, 22736.3, der=14346.1, drq=9111.0, spr=13192.7),
+    Game("MsPacman", 307.3, 6951.6, der=1204.1, drq=960.5, spr=1313.2),
+    Game("Pong", -20.7, 14.6, der=-19.3, drq=-8.5, spr=-5.9),
+    Game("PrivateEye", 24.9, 69571.3, der=97.8, drq=-13.6, spr=124.0),
+    Game("Qbert", 163.9, 13455.0, der=1152.9, drq=854.4, spr=669.1),
+    Game("RoadRunner", 11.5, 7845.0, der=9600.0, drq=8895.1, spr=14220.5),
+    Game("Seaquest", 68.4, 42054.7, der=354.1, drq=301.2, spr=583.1),
+    Game("UpNDown", 533.4, 11693.2, der=2877.4, drq=3180.8, spr=28138.5),
+)
+BY_NAME = {game.name: game for game in GAMES}
+# The arms: settings over --config der. der-epsilon is DER without noisy nets, exploring
+# as DrQ(epsilon) does (epsilon from 1 to 0.01 over the first 5,000 steps).
+EPSILON = {"exploration": "epsilon", "noisy_layers": "none", "epsilon_start": 1.0,
+           "epsilon_end": 0.01, "epsilon_fraction": 0.05}  # fmt: skip
+ARMS: dict[str, dict[str, Any]] = {
+    "der": {},
+    "der-epsilon": EPSILON,
+    "der-shift": {"augment": "shift"},
+    "der-epsilon-shift": {**EPSILON, "augment": "shift"},
+}
+CURVE_BIN = 5_000  # training returns are averaged over bins of this many steps
 
 
 def der_flops(n_actions: int, atoms: int = 51, batch: int = 32, hidden: int = 256) -> int:
@@ -162,6 +247,315 @@ def speed(args: argparse.Namespace) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- the report
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """The report's JSON (its runs, each a game, arm, seed and score), or an empty one."""
+    if not path.is_file():
+        return {"runs": []}
+    return json.loads(path.read_text())
+
+
+def _key(run: dict[str, Any]) -> tuple[str, str, int]:
+    return run["game"], run["arm"], int(run["seed"])
+
+
+def training_curve(run_dir: Path, bin_steps: int = CURVE_BIN) -> list[list[float]]:
+    """[end step of the bin, mean training return of the episodes ending in it] for every
+    bin with an episode, from the run's TensorBoard events (raw game scores)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    if "charts/episodic_return" not in acc.Tags()["scalars"]:
+        return []
+    bins: dict[int, list[float]] = {}
+    for event in acc.Scalars("charts/episodic_return"):
+        end = -(-event.step // bin_steps) * bin_steps
+        bins.setdefault(end, []).append(event.value)
+    return [[float(end), float(np.mean(values))] for end, values in sorted(bins.items())]
+
+
+def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout) -> int:
+    """Add every finished run of the sweep to the report's JSON (runs it holds stay as
+    they are); returns how many were added."""
+    from agent.sweep.trials import read_manifest, read_result, trial_state
+
+    manifest, trials = read_manifest(sweep_dir)
+    data = read_report(report)
+    have = {_key(r) for r in data["runs"]}
+    added = 0
+    for trial in trials:
+        game, arm = trial.label.split("/")
+        if (game, arm, trial.seed) in have or trial_state(sweep_dir, trial) != "done":
+            continue
+        run_dir = sweep_dir / trial.run_dir
+        result = read_result(run_dir)
+        assert result is not None
+        data["runs"].append({
+            "game": game, "arm": arm, "seed": trial.seed,
+            "score": result["final_eval_return"],
+            "episodes": trial.config["final_episodes"],
+            "steps": result["global_step"],
+            "wall_s": round(result["wall_time_s"], 1),
+            "final_eval_s": round(result.get("final_eval_wall_s") or 0.0, 1),
+            "commit": manifest.get("commit"),
+            "curve": training_curve(run_dir),
+        })  # fmt: skip
+        added += 1
+        print(f"{game} {arm} seed {trial.seed}: {result['final_eval_return']:.1f} "
+              f"({result['wall_time_s'] / 60:.1f} min)", file=out)  # fmt: skip
+    order = {g.name: i for i, g in enumerate(GAMES)}
+    data["runs"].sort(key=lambda r: (order.get(r["game"], 99), r["arm"], r["seed"]))
+    report.write_text(json.dumps(data, indent=1) + "\n")
+    return added
+
+
+def report(args: argparse.Namespace) -> int:
+    """Run what the report misses, as one sweep; collect what finished into the JSON."""
+    from agent.config import parse_set
+    from agent.sweep.cli import parse_seeds
+    from agent.sweep.trials import (
+        is_sweep_dir,
+        read_manifest,
+        trials_of_points,
+        write_manifest,
+    )
+
+    sweep_dir, report_json = Path(args.sweep), Path(args.json)
+    if is_sweep_dir(sweep_dir):
+        manifest, trials = read_manifest(sweep_dir)
+        print(f"resuming the sweep in {sweep_dir} ({len(trials)} runs)")
+    else:
+        arms = args.arms.split(",")
+        games = [BY_NAME[g] for g in args.games.split(",")] if args.games else list(GAMES)
+        unknown = [a for a in arms if a not in ARMS]
+        if unknown:
+            raise SystemExit(f"unknown arm {unknown[0]}: one of {', '.join(ARMS)}")
+        have = {_key(r) for r in read_report(report_json)["runs"]}
+        seeds = parse_seeds(args.seeds)
+        overrides = parse_set(args.set or [])  # a smoke test's short runs; the report has none
+        # Seed by seed, every game's arms side by side: the first runs to land pair up.
+        trials = []
+        for seed in seeds:
+            points = [{"env_id": g.env_id, **ARMS[a]} for g in games for a in arms]
+            names = [f"{g.name}/{a}" for g in games for a in arms]
+            built = trials_of_points(None, "der", overrides, [seed], points, names)
+            trials += [t for t in built if (*t.label.split("/"), seed) not in have]
+        if not trials:
+            print(f"{report_json} holds every run asked for")
+            return 0
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        manifest = {
+            "sweep_id": __import__("uuid").uuid4().hex,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": "python -m bench.atari100k " + " ".join(sys.argv[1:]),
+            "env_id": "Atari 100k",
+            "config_file": "der",
+            "commit": _git_commit(),
+            "trials": [t.__dict__ for t in trials],
+        }
+        write_manifest(sweep_dir, manifest)
+        print(f"{len(trials)} runs to go in {sweep_dir} (the JSON holds {len(have)})")
+    try:
+        if args.ray_address is None:
+            from agent.sweep.local import run_local
+
+            status = run_local(sweep_dir, manifest, trials, progress=False)
+        else:
+            from agent.sweep.driver import run_sweep
+
+            address = None if args.ray_address == "local" else args.ray_address
+            status = run_sweep(sweep_dir, manifest, trials, ray_address=address, progress=False)
+    finally:
+        collect(sweep_dir, report_json)
+    return status
+
+
+# --------------------------------------------------------------------------- aggregates
+METRICS = ("IQM", "median", "mean", "optimality gap")
+
+
+def score_matrix(
+    runs: Sequence[dict[str, Any]], arm: str, games: Sequence[str], seeds: Sequence[int]
+) -> np.ndarray:
+    """Human-normalised scores ``(len(seeds), len(games))`` of ``arm``: a run per cell."""
+    by_key = {_key(r): r["score"] for r in runs}
+    return np.array([[BY_NAME[g].normalized(by_key[(g, arm, s)]) for g in games]
+                     for s in seeds], dtype=np.float64)  # fmt: skip
+
+
+def complete_cells(
+    runs: Sequence[dict[str, Any]], arms: Sequence[str]
+) -> tuple[list[str], list[int]]:
+    """The games and seeds that every arm has finished for all of them (the seeds of the
+    games present), so that the arms are compared on the same runs."""
+    have = {_key(r) for r in runs}
+    seeds = sorted({int(r["seed"]) for r in runs})
+    games = [g.name for g in GAMES
+             if all((g.name, a, s) in have for a in arms for s in seeds)]  # fmt: skip
+    return games, seeds
+
+
+def _metric_fns() -> dict[str, Callable[[np.ndarray], float]]:
+    from rliable import metrics
+
+    return {
+        "IQM": metrics.aggregate_iqm,
+        "median": metrics.aggregate_median,
+        "mean": metrics.aggregate_mean,
+        "optimality gap": metrics.aggregate_optimality_gap,
+    }
+
+
+def aggregates(matrix: np.ndarray, reps: int = 50_000, seed: int = 0) -> dict[str, tuple]:
+    """Each metric of a ``(runs, games)`` score matrix: (point, CI low, CI high), 95%
+    stratified-bootstrap percentile intervals (runs resampled within each game), rliable's."""
+    from rliable import library as rly
+
+    out = {}
+    for name, fn in _metric_fns().items():
+        boot = rly.StratifiedBootstrap(matrix, seed=np.random.default_rng(seed))
+        low, high = boot.conf_int(fn, reps=reps, size=0.95, method="percentile")[:, 0]
+        out[name] = (float(fn(matrix)), float(low), float(high))
+    return out
+
+
+def paired_difference(
+    a: np.ndarray, b: np.ndarray, reps: int = 50_000, seed: int = 0
+) -> dict[str, tuple]:
+    """Each metric of ``a`` minus that of ``b`` (two ``(runs, games)`` matrices of the same
+    games and seeds), with a 95% CI from one stratified bootstrap of both: the same runs
+    (game and seed) drawn for the two arms, as the pairing by seed asks."""
+    from rliable import library as rly
+
+    out = {}
+    for name, fn in _metric_fns().items():
+
+        def diff(x: np.ndarray, y: np.ndarray, fn: Callable = fn) -> float:
+            return float(fn(x) - fn(y))
+
+        boot = rly.StratifiedBootstrap(a, b, seed=np.random.default_rng(seed))
+        low, high = boot.conf_int(diff, reps=reps, size=0.95, method="percentile")[:, 0]
+        out[name] = (diff(a, b), float(low), float(high))
+    return out
+
+
+def _ci(point: float, low: float, high: float) -> str:
+    return f"{point:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def table(args: argparse.Namespace) -> str:
+    """The report as markdown: aggregates per arm, the paired difference, per game."""
+    data = read_report(Path(args.json))
+    runs = [r for r in data["runs"] if r["arm"] in args.arms.split(",")]
+    arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in runs)]
+    games, seeds = complete_cells(runs, arms)
+    lines = [f"{len(games)} of 26 games with every arm on seeds "
+             f"{', '.join(map(str, seeds))} ({len(runs)} runs in {args.json}):", ""]  # fmt: skip
+    if not games:
+        return "\n".join([*lines, "nothing to aggregate yet"])
+    matrices = {a: score_matrix(runs, a, games, seeds) for a in arms}
+    lines += ["| arm | " + " | ".join(METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
+    for arm in arms:
+        agg = aggregates(matrices[arm], reps=args.reps)
+        lines.append(f"| {arm} | " + " | ".join(_ci(*agg[m]) for m in METRICS) + " |")
+    if len(arms) >= 2:
+        a, b = arms[0], arms[1]
+        diff = paired_difference(matrices[a], matrices[b], reps=args.reps)
+        lines.append(f"| {a} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
+                     + " |")  # fmt: skip
+    lines += ["", "| game | " + " | ".join(f"{a} (mean of seeds)" for a in arms)
+              + " | DER published | noise - epsilon, per seed |",
+              "|---" * (len(arms) + 3) + "|"]  # fmt: skip
+    by_key = {_key(r): r["score"] for r in runs}
+    for g in games:
+        means = [np.mean([by_key[(g, a, s)] for s in seeds]) for a in arms]
+        diffs = ""
+        if len(arms) >= 2:
+            diffs = ", ".join(f"{by_key[(g, arms[0], s)] - by_key[(g, arms[1], s)]:+.1f}"
+                              for s in seeds)  # fmt: skip
+        cells = " | ".join(f"{m:.1f}" for m in means)
+        lines.append(f"| {g} | {cells} | {BY_NAME[g].der:.1f} | {diffs} |")
+    walls = [r["wall_s"] - r["final_eval_s"] for r in runs]
+    evals = [r["final_eval_s"] for r in runs]
+    lines += ["", f"training wall time per run: median {np.median(walls) / 60:.1f} min "
+              f"[{min(walls) / 60:.1f}, {max(walls) / 60:.1f}]; the final evaluation: median "
+              f"{np.median(evals) / 60:.1f} min [{min(evals) / 60:.1f}, "
+              f"{max(evals) / 60:.1f}]"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def plots(runs: Sequence[dict[str, Any]], arms: Sequence[str], out_dir: Path) -> list[Path]:
+    """``curves.png`` (each game's training return against steps, the mean of the seeds
+    per arm, DER's published score dashed) and ``profiles.png`` (performance profiles of
+    the arms' runs beside the published per-game means of DER, DrQ and SPR)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from rliable import library as rly
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colors = dict(zip(arms, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=False))
+    fig, axes = plt.subplots(6, 5, figsize=(17, 17))
+    for ax, game in zip(axes.flat, GAMES, strict=False):
+        for arm in arms:
+            curves = [r["curve"] for r in runs if r["game"] == game.name and r["arm"] == arm]
+            if not curves:
+                continue
+            steps = sorted({c[0] for curve in curves for c in curve})
+            means = [np.mean([v for curve in curves for s, v in curve if s == x]) for x in steps]
+            ax.plot(steps, means, color=colors[arm], label=f"{arm} ({len(curves)} seeds)")
+        ax.axhline(game.der, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(game.name, fontsize=10)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(GAMES) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("Atari 100k: training return (mean of seeds) against agent steps; "
+                 "dashed: DER as published", fontsize=12)  # fmt: skip
+    fig.tight_layout()
+    paths = [out_dir / "curves.png"]
+    fig.savefig(paths[0], dpi=70)
+    plt.close(fig)
+
+    games, seeds = complete_cells(runs, arms)
+    if games:
+        taus = np.linspace(0.0, 2.0, 81)
+        scores = {a: score_matrix(runs, a, games, seeds) for a in arms}
+        for label, attr in (("DER (published means)", "der"), ("DrQ (published means)", "drq"),
+                            ("SPR (published means)", "spr")):  # fmt: skip
+            scores[label] = np.array([[BY_NAME[g].normalized(getattr(BY_NAME[g], attr))
+                                       for g in games]])  # fmt: skip
+        profiles, cis = rly.create_performance_profile(scores, taus, reps=2000)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, (name, profile) in enumerate(profiles.items()):
+            color = colors.get(name, ("black", "grey", "tab:purple")[i % 3])
+            style = "-" if name in arms else "--"
+            ax.plot(taus, profile, style, color=color, label=name)
+            if name in arms:
+                ax.fill_between(taus, *cis[name], color=color, alpha=0.2)
+        ax.set_xlabel("human-normalised score tau")
+        ax.set_ylabel("fraction of runs above tau")
+        ax.set_title(f"Performance profiles, {len(games)} games, seeds "
+                     f"{seeds[0]}-{seeds[-1]}")  # fmt: skip
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / "profiles.png")
+        fig.savefig(paths[-1], dpi=90)
+        plt.close(fig)
+    return paths
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -173,10 +567,39 @@ def main() -> None:
     p.add_argument("--short", type=int, default=500, help="learning steps of the short runs")
     p.add_argument("--long", type=int, default=2500, help="learning steps of the long runs")
     p.add_argument("--json", help="write the figures here")
+    report_json = str(ROOT / "bench" / "atari100k_report.json")
+    r = sub.add_parser("report", help="run what the report misses; collect what finishes")
+    r.add_argument("--seeds", default="101-103", help="report seeds (never tuned on)")
+    r.add_argument("--arms", default="der,der-epsilon", help=f"of {', '.join(ARMS)}")
+    r.add_argument("--games", help="comma-separated games (default: all 26)")
+    r.add_argument("--sweep", required=True, help="the sweep directory (scratch: resumable)")
+    r.add_argument("--ray-address", help="local (one run per core) or HOST:PORT")
+    r.add_argument("--json", default=report_json, help="the report's runs")
+    r.add_argument("--set", action="append", help="key=value over every arm (smoke tests)")
+    c = sub.add_parser("collect", help="add a sweep's finished runs to the report's JSON")
+    c.add_argument("--sweep", required=True)
+    c.add_argument("--json", default=report_json)
+    t = sub.add_parser("table", help="aggregates, paired difference, per-game table")
+    t.add_argument("--json", default=report_json)
+    t.add_argument("--arms", default="der,der-epsilon")
+    t.add_argument("--reps", type=int, default=50_000, help="bootstrap resamples")
+    t.add_argument("--plot-dir", help="draw curves.png and profiles.png here")
     args = parser.parse_args()
-    out = speed(args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    if args.command == "speed":
+        out = speed(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    elif args.command == "report":
+        sys.exit(report(args))
+    elif args.command == "collect":
+        collect(Path(args.sweep), Path(args.json))
+    else:
+        print(table(args))
+        if args.plot_dir:
+            runs = [r for r in read_report(Path(args.json))["runs"]
+                    if r["arm"] in args.arms.split(",")]  # fmt: skip
+            for path in plots(runs, args.arms.split(","), Path(args.plot_dir)):
+                print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ __all__ = [
     "read_manifest",
     "read_result",
     "trial_state",
+    "trials_of_points",
     "write_manifest",
 ]
 
@@ -68,24 +69,49 @@ def build_trials(
     """Every grid point x seed, each config resolved and validated now (before Ray starts)."""
     import itertools
 
-    from agent.config import load_config
-
     keys = list(grid)
     points = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+    return trials_of_points(env_id, config_file, overrides, seeds, points)
+
+
+def trials_of_points(
+    env_id: str | None,
+    config_file: str | None,
+    overrides: dict[str, Any],
+    seeds: list[int],
+    points: list[dict[str, Any]],
+    names: list[str] | None = None,
+) -> list[Trial]:
+    """Every point x seed, each config resolved and validated now: a point is config values
+    over ``overrides`` (an ``env_id`` among them trains that env instead of ``env_id``).
+    ``names``: each point's label and directory (``Alien/der``: nested directories); by
+    default ``key=value`` pairs."""
+    from agent.config import load_config
+
+    if names is not None and (len(names) != len(points) or len(set(names)) != len(names)):
+        raise ValueError("trials_of_points needs one distinct name per point")
     trials: list[Trial] = []
     dirs: set[str] = set()
-    for point in points:
-        label = " ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "base"
-        base_dir = "_".join(f"{k}={_dir_part(v)}" for k, v in point.items())
+    for i, point in enumerate(points):
+        if names is None:
+            label = " ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "base"
+            base_dir = "_".join(f"{k}={_dir_part(v)}" for k, v in point.items())
+        else:
+            label = names[i]
+            base_dir = "/".join(_dir_part(part) for part in names[i].split("/"))
         cfg_dir = base_dir
         n = 2
         while cfg_dir in dirs:  # two values that differ only in odd characters
             cfg_dir, n = f"{base_dir}_{n}", n + 1
         dirs.add(cfg_dir)
+        values_of_point = {k: v for k, v in point.items() if k != "env_id"}
+        point_env = point.get("env_id", env_id)
+        if point_env is None:
+            raise ValueError(f"point {label} names no env_id, and there is no default")
         for seed in seeds:
-            values = {**overrides, **point, "seed": seed}
+            values = {**overrides, **values_of_point, "seed": seed}
             try:
-                cfg = load_config(env_id, config_file, values)
+                cfg = load_config(point_env, config_file, values)
             except UserError as e:
                 where = f"grid point {label}" if point else "the sweep's config"
                 raise UserError(f"{where}: {e}") from None

@@ -1,0 +1,102 @@
+"""bench/atari100k.py: human-normalised scores, the aggregates and the paired difference
+against cases worked by hand, the FLOP count against the network's own layers, and a
+report of two tiny runs through the sweep machinery, collected and resumed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from agent.networks import QNetwork
+
+pytest.importorskip("rliable")
+atari100k = pytest.importorskip("bench.atari100k")
+
+
+def test_human_normalised_scores_are_0_at_random_and_1_at_human() -> None:
+    pong = atari100k.BY_NAME["Pong"]
+    assert pong.normalized(-20.7) == 0.0 and pong.normalized(14.6) == 1.0
+    assert pong.normalized(-3.05) == pytest.approx(0.5)
+    assert len(atari100k.GAMES) == 26 and pong.env_id == "PongNoFrameskip-v4"
+
+
+def test_aggregates_of_a_case_worked_by_hand() -> None:
+    # Two seeds x two games: 0, 1, 2, 3. IQM: the middle half, (1 + 2) / 2; the optimality
+    # gap: the mean shortfall below 1, (1 + 0 + 0 + 0) / 4.
+    matrix = np.array([[0.0, 1.0], [2.0, 3.0]])
+    agg = atari100k.aggregates(matrix, reps=2000)
+    assert agg["IQM"][0] == 1.5 and agg["median"][0] == 1.5 and agg["mean"][0] == 1.5
+    assert agg["optimality gap"][0] == 0.25
+    for point, low, high in agg.values():
+        assert low <= point <= high
+    # Stratified: each game's runs are resampled among themselves (game 1: 0 or 2, game 2:
+    # 1 or 3), so every resampled mean lies in [(0 + 1) / 2, (2 + 3) / 2].
+    assert agg["mean"][1] == 0.5 and agg["mean"][2] == 2.5
+
+
+def test_the_paired_difference_resamples_both_arms_alike() -> None:
+    rng = np.random.default_rng(0)
+    b = rng.uniform(0, 2, (3, 5))
+    diff = atari100k.paired_difference(b + 0.25, b, reps=2000)
+    for name in ("IQM", "median", "mean"):
+        assert diff[name] == pytest.approx((0.25, 0.25, 0.25))  # the same runs every draw
+    independent = atari100k.aggregates(b + 0.25, reps=2000)["IQM"]
+    assert independent[2] - independent[1] > 0.1  # alone, the arm's own spread
+
+
+def test_the_flop_count_is_the_networks_own_layers() -> None:
+    net = QNetwork((4, 84, 84), 18, (256,), torso="der", dueling=True, num_atoms=51)
+    x = torch.zeros(1, 4, 84, 84)
+    macs = []
+
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if isinstance(module, nn.Conv2d):
+            macs.append(output.numel() * module.in_channels * module.kernel_size[0] ** 2)
+        else:
+            macs.append(module.in_features * module.out_features)
+
+    for m in net.modules():
+        if isinstance(m, nn.Conv2d) or hasattr(m, "in_features"):
+            m.register_forward_hook(hook)
+    net(x)
+    assert len(macs) == 6  # two convolutions, two layers per stream
+    first = macs[0]  # the first convolution: no input gradient
+    forward = sum(macs)
+    assert atari100k.der_flops(18) == 2 * (3 * 32 * forward + 32 * (first + 2 * (forward - first)))
+
+
+def test_a_report_runs_through_the_sweep_collects_and_resumes(tmp_path: Path) -> None:
+    pytest.importorskip("ale_py")
+    report = tmp_path / "report.json"
+    short = ["total_steps=150", "learning_starts=100", "final_episodes=1", "eval_envs=1",
+             "eval_epsilon=1.0", "buffer_size=1000", "n_step=3",
+             "env_kwargs={max_num_frames_per_episode: 2000}"]  # fmt: skip
+    args = argparse.Namespace(seeds="101-101", arms="der,der-epsilon", games="Boxing",
+                              sweep=str(tmp_path / "sweep"), ray_address=None,
+                              json=str(report), set=short)  # fmt: skip
+    assert atari100k.report(args) == 0
+    runs = json.loads(report.read_text())["runs"]
+    assert sorted((r["game"], r["arm"], r["seed"]) for r in runs) == [
+        ("Boxing", "der", 101), ("Boxing", "der-epsilon", 101)
+    ]  # fmt: skip
+    for run in runs:
+        assert run["steps"] == 150 and run["episodes"] == 1 and run["wall_s"] > 0
+        assert isinstance(run["score"], float)
+    sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    configs = {t["label"]: t["config"] for t in sweep["trials"]}
+    assert configs["Boxing/der-epsilon"]["noisy_layers"] == "none"
+    assert configs["Boxing/der"]["torso"] == "der" and configs["Boxing/der"]["env_id"] == (
+        "BoxingNoFrameskip-v4")  # fmt: skip
+    # Again, in a fresh sweep directory: the JSON holds both, nothing runs.
+    again = argparse.Namespace(**{**vars(args), "sweep": str(tmp_path / "sweep2")})
+    assert atari100k.report(again) == 0
+    assert not (tmp_path / "sweep2").exists()
+    text = atari100k.table(argparse.Namespace(json=str(report), arms="der,der-epsilon",
+                                              reps=200))  # fmt: skip
+    assert "1 of 26 games" in text and "| Boxing |" in text and "paired" in text
