@@ -6,6 +6,7 @@
 #   bash bench/gpu_check.sh bench    # bench/acting.py, replay.py, noisy_forward.py, learner.py
 #   bash bench/gpu_check.sh atari    # bench/atari.py on cuda: SPS and where the time goes
 #   bash bench/gpu_check.sh seeds    # seeds stacked on cuda: bench/seeds.py, bench/seed_group.py
+#   bash bench/gpu_check.sh der      # one Atari 100k run of --config der on cuda (resumes)
 #
 # Each step runs under its own time limit and logs to $LOGS/<step>.log (default
 # /tmp/gpu_logs); a line per step says its exit status and seconds, and a failed step
@@ -13,7 +14,7 @@
 # into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
 # Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
 set -u
-phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari|seeds}
+phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari|seeds|der}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}
@@ -172,6 +173,25 @@ seeds)
 atari)
     step bench_atari 420 $PY -m bench.atari --device cuda --breakdown
     cat "$LOGS/bench_atari.log" | sed -n '/^|/p;/^#/p'
+    ;;
+der)
+    # Data-efficient Rainbow on Krull, seed 1, 100k steps and the 100 final episodes on
+    # cuda, as bench.atari100k speed times it on a CPU core. A command cut off by its limit
+    # saves last.pt (SIGINT); the next one resumes it.
+    r=$RUNS/der_krull
+    if [ -f "$r/checkpoints/last.pt" ] && [ ! -f "$r/result.json" ]; then
+        step der_cuda_resumed 540 $PY run.py --resume "$r" --device cuda --no-progress
+    else
+        rm -rf "$r"
+        step der_cuda 540 $PY run.py --env KrullNoFrameskip-v4 --config der --device cuda \
+            --seed 1 --run-dir "$r" --no-progress
+    fi
+    if [ -f "$r/result.json" ]; then
+        echo "   final $(json "$r/result.json" final_eval_return), $(json "$r/result.json" \
+wall_time_s) s in all, $(json "$r/result.json" final_eval_wall_s) s of final evaluation"
+    else
+        grep -h "resume" "$LOGS"/der_cuda*.log | tail -n 1
+    fi
     ;;
 *)
     echo "unknown phase $phase" >&2
