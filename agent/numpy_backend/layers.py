@@ -52,14 +52,30 @@ class GradientSink:
             self.views[i][...] = value
             self.written[i] = True
 
-    def add_matmul(self, i: int | None, a: Array, b: Array) -> None:
-        """``a @ b`` into buffer ``i`` (written in place when it is the first write)."""
+    def first(self, i: int | None) -> bool:
+        """True when buffer ``i`` takes a gradient and has none yet since :meth:`clear`."""
+        return i is not None and not self.written[i]
+
+    def add_matmul(self, i: int | None, a: Array, b: Array) -> Array | None:
+        """``a @ b`` into buffer ``i`` (written in place when it is the first write);
+        returns the buffer."""
         if i is None:
-            return
+            return None
         if self.written[i]:
             self.views[i] += a @ b
         else:
             np.matmul(a, b, out=self.views[i])
+            self.written[i] = True
+        return self.views[i]
+
+    def add_product(self, i: int | None, a: Array, b: Array) -> None:
+        """``a * b`` into buffer ``i`` (written in place when it is the first write)."""
+        if i is None:
+            return
+        if self.written[i]:
+            self.views[i] += a * b
+        else:
+            np.multiply(a, b, out=self.views[i])
             self.written[i] = True
 
 
@@ -154,8 +170,12 @@ class Linear:
         else:
             i_mu, i_bias_mu = self.grad_slots
             i_sigma = i_bias_sigma = None
-        if i_sigma is not None:
-            grad_weight = g.T @ x  # (out, in): d/d mu; times eps: d/d sigma
+        if i_sigma is not None and sink.first(i_mu) and sink.first(i_sigma):
+            # (out, in): d/d mu, written in place; times eps: d/d sigma, written in place
+            grad_weight = sink.add_matmul(i_mu, g.T, x)
+            sink.add_product(i_sigma, grad_weight, self.weight_epsilon)
+        elif i_sigma is not None:  # a layer used twice: add to what is there
+            grad_weight = g.T @ x
             sink.add(i_mu, grad_weight)
             sink.add(i_sigma, np.multiply(grad_weight, self.weight_epsilon, out=grad_weight))
         else:
