@@ -365,19 +365,18 @@ def report(args: argparse.Namespace) -> int:
         }
         write_manifest(sweep_dir, manifest)
         print(f"{len(trials)} runs to go in {sweep_dir} (the JSON holds {len(have)})")
-    try:
-        if args.ray_address is None:
-            from agent.sweep.local import run_local
-
-            status = run_local(sweep_dir, manifest, trials, progress=False)
-        else:
-            from agent.sweep.driver import run_sweep
-
-            address = None if args.ray_address == "local" else args.ray_address
-            status = run_sweep(sweep_dir, manifest, trials, ray_address=address, progress=False)
-    finally:
+    def landed(trial: Any) -> None:  # each run's score into the JSON as it lands
         collect(sweep_dir, report_json)
-    return status
+
+    if args.ray_address is None:
+        from agent.sweep.local import run_local
+
+        return run_local(sweep_dir, manifest, trials, progress=False, on_done=landed)
+    from agent.sweep.driver import run_sweep
+
+    address = None if args.ray_address == "local" else args.ray_address
+    return run_sweep(sweep_dir, manifest, trials, ray_address=address, progress=False,
+                     on_done=landed)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- aggregates

@@ -1,26 +1,53 @@
-"""agent/sweep/trials.py: the grid x seeds product, each trial's config checked up front."""
+"""agent/sweep/trials.py's points: a sweep over several envs with named points, each
+trial's config resolved for its own env, run in this process with a hook per finished trial."""
 
 from __future__ import annotations
+
+import io
+from pathlib import Path
 
 import pytest
 
 from agent.errors import UserError
-from agent.sweep.cli import parse_grid
-from agent.sweep.trials import build_trials
+from agent.sweep.local import run_local
+from agent.sweep.trials import Trial, trials_of_points, write_manifest
+
+SHORT = {"total_steps": 600, "learning_starts": 200, "random_starts": 200, "eval_interval": 0,
+         "eval_episodes": 2, "confirm_episodes": 0, "early_stop": False}  # fmt: skip
 
 
-def test_build_trials_crosses_grid_and_seeds() -> None:
-    grid = parse_grid(["sigma0=0.1,0.5", "hidden_sizes=[32],[64,64]"])
-    trials = build_trials("CartPole-v1", None, {"total_steps": 2000}, [1, 2], grid)
-    assert len(trials) == 8
-    assert len({t.run_dir for t in trials}) == 8
-    assert trials[0].run_dir == "sigma0=0.1_hidden_sizes=32/seed_1"
-    assert trials[0].name == "sigma0=0.1 hidden_sizes=[32] seed=1"
-    assert trials[-1].config["hidden_sizes"] == [64, 64] and trials[-1].config["seed"] == 2
-    assert all(t.config["total_steps"] == 2000 for t in trials)
-    assert [t.run_dir for t in build_trials("CartPole-v1", None, {}, [3], {})] == ["seed_3"]
+def test_points_name_their_env_and_their_directory() -> None:
+    points = [{"env_id": "CartPole-v1"}, {"env_id": "Acrobot-v1", "n_step": 1}]
+    trials = trials_of_points(None, None, SHORT, [3, 4], points, ["cart/a", "acro/b"])
+    assert [(t.label, t.seed, t.run_dir) for t in trials] == [
+        ("cart/a", 3, "cart/a/seed_3"), ("cart/a", 4, "cart/a/seed_4"),
+        ("acro/b", 3, "acro/b/seed_3"), ("acro/b", 4, "acro/b/seed_4"),
+    ]  # fmt: skip
+    cart, acro = trials[0].config, trials[2].config
+    assert cart["env_id"] == "CartPole-v1" and acro["env_id"] == "Acrobot-v1"
+    assert acro["n_step"] == 1 and cart["n_step"] == 3  # each point over the overrides
+    assert cart["lr"] == 0.004  # CartPole-v1's own YAML, not another env's
+    with pytest.raises(ValueError, match="one distinct name per point"):
+        trials_of_points(None, None, {}, [1], points, ["same", "same"])
+    with pytest.raises(UserError, match=r"grid point acro/b: .*n_step must be >= 1"):
+        trials_of_points(None, None, {}, [1], [{"env_id": "Acrobot-v1", "n_step": 0}],
+                         ["acro/b"])  # fmt: skip
 
 
-def test_build_trials_validates_every_grid_point_first() -> None:
-    with pytest.raises(UserError, match="grid point batch_size=100000: invalid config"):
-        build_trials("CartPole-v1", None, {}, [1], {"batch_size": [32, 100_000]})
+def test_a_local_sweep_over_two_envs_calls_its_hook_as_each_trial_finishes(
+    tmp_path: Path,
+) -> None:
+    points = [{"env_id": "CartPole-v1"}, {"env_id": "Acrobot-v1"}]
+    trials = trials_of_points(None, None, SHORT, [1], points, ["cart", "acro"])
+    manifest = {"sweep_id": "x", "env_id": "two envs", "trials": [t.__dict__ for t in trials]}
+    write_manifest(tmp_path, manifest)
+    landed: list[str] = []
+
+    def on_done(trial: Trial) -> None:
+        # The trial's result is on disk when the hook runs.
+        assert (tmp_path / trial.run_dir / "result.json").is_file()
+        landed.append(trial.name)
+
+    status = run_local(tmp_path, manifest, trials, progress=False, out=io.StringIO(),
+                       on_done=on_done)  # fmt: skip
+    assert status == 0 and landed == ["cart seed=1", "acro seed=1"]

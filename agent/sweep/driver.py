@@ -217,12 +217,14 @@ def run_sweep(
     trials_fn: Callable[..., list[dict[str, Any]]] = run_trials,
     stop_grace_s: float = 60.0,
     out: Any = None,
+    on_done: Callable[[Trial], None] | None = None,
 ) -> int:
     """Run every trial that is not done yet; write the summary. Returns the exit status.
 
     0: every trial finished; 1: some failed (the others are kept and summarised);
     130: interrupted by Ctrl-C, 143: by SIGTERM (either way the running trials save a
     checkpoint, finished trials are kept, and ``--resume SWEEP_DIR`` runs the rest).
+    ``on_done``: called with each trial that finishes, as its result comes back.
     """
     out = out or sys.stdout
     start = time.perf_counter()
@@ -251,7 +253,7 @@ def run_sweep(
                 )
                 interrupted = _drive(
                     ray, sweep_dir, manifest, todo, retries, trials_fn, display, failed,
-                    stop_grace_s,
+                    stop_grace_s, on_done,
                 )  # fmt: skip
             except KeyboardInterrupt:  # outside _drive, which stops its own trials: none run
                 interrupted = True
@@ -347,6 +349,7 @@ def _drive(
     display: _Display,
     failed: dict[str, str],
     stop_grace_s: float,
+    on_done: Callable[[Trial], None] | None = None,
 ) -> bool:
     """Submit tasks as CPUs free up, collect results, retry crashes. True if interrupted."""
     remote = ray.remote(num_cpus=1, max_retries=0)(trials_fn)
@@ -407,6 +410,8 @@ def _drive(
             if final is not None and (display.best is None or final > display.best[0]):
                 display.best = (final, t.name)
             display.event(f"{done_line(t.name, res)} | {display.counts()}")
+            if on_done is not None:
+                on_done(t)
 
     try:
         while queue or in_flight:

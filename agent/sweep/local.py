@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,11 @@ def run_local(
     *,
     progress: bool = True,
     out: Any = None,
+    on_done: Callable[[Trial], None] | None = None,
 ) -> int:
     """Run every trial that is not done, in this process; write the summary. Returns the
-    exit status, as :func:`agent.sweep.driver.run_sweep` does."""
+    exit status, as :func:`agent.sweep.driver.run_sweep` does. ``on_done``: called with
+    each trial that finishes (not one interrupted or failed), as it finishes."""
     from agent.config import config_from_dict
     from envs import inspect_env
 
@@ -66,11 +69,11 @@ def run_local(
             spec = inspect_env(cfgs[0].env_id, cfgs[0].env_kwargs, cfgs[0].wrappers)
             checkpoints = [resume_point(d) for d in dirs]
             if len(spec.obs_shape) == 1:
-                stopped = _stacked(group, cfgs, dirs, checkpoints, progress, out)
+                stopped = _stacked(group, cfgs, dirs, checkpoints, progress, out, on_done)
             else:
                 print(f"{cfgs[0].env_id} has image observations: its seeds train one after "
                       "another (stacking covers vector observations)", file=out)  # fmt: skip
-                stopped = _one_by_one(group, cfgs, dirs, checkpoints, progress, out)
+                stopped = _one_by_one(group, cfgs, dirs, checkpoints, progress, out, on_done)
         except Exception as e:  # a grid point that cannot run (no such GPU): the others can
             _failed(sweep_dir, group, e, out)
         if stopped is not None:
@@ -88,18 +91,19 @@ def _stacked(
     checkpoints: list[dict[str, Any] | None],
     progress: bool,
     out: Any,
+    on_done: Callable[[Trial], None] | None = None,
 ) -> int | None:
     """One grid point's seeds as groups of seeds at one env step (seeds that stopped
     together resume together). Returns the stop signal, if one came."""
     from agent.seeds.group import resume_groups, train_group
 
-    name = {str(d): t.name for t, d in zip(group, dirs, strict=True)}
+    trial = {str(d): t for t, d in zip(group, dirs, strict=True)}
     for members in resume_groups(checkpoints):
         results = train_group(
             [cfgs[i] for i in members], [dirs[i] for i in members],
             [checkpoints[i] for i in members], progress=progress,
             echo=lambda line: print(line, file=out, flush=True),
-            on_done=lambda r: _report(name[r.run_dir], r, out),
+            on_done=lambda r: _report(trial[r.run_dir], r, out, on_done),
         )  # fmt: skip
         for i, result in zip(members, results, strict=True):
             if isinstance(result, BaseException):
@@ -116,6 +120,7 @@ def _one_by_one(
     checkpoints: list[dict[str, Any] | None],
     progress: bool,
     out: Any,
+    on_done: Callable[[Trial], None] | None = None,
 ) -> int | None:
     from agent.checkpoint import resume_exactness
     from agent.learner import NonFiniteError
@@ -133,7 +138,7 @@ def _one_by_one(
             (run_dir / "error.txt").write_text(f"NonFiniteError: {e}\n")
             print(f"FAILED  {t.name}: NonFiniteError: {e}", file=out)
             continue
-        _report(t.name, result, out)
+        _report(t, result, out, on_done)
         if result.stop_signal is not None:
             return result.stop_signal
     return None
@@ -152,6 +157,10 @@ def _failed(sweep_dir: Path, group: list[Trial], error: Exception, out: Any) -> 
         print(f"FAILED  {t.name}: {line}", file=out, flush=True)
 
 
-def _report(name: str, result: Any, out: Any) -> None:
+def _report(
+    trial: Trial, result: Any, out: Any, on_done: Callable[[Trial], None] | None = None
+) -> None:
     if result.status != "interrupted":
-        print(done_line(name, result.__dict__), file=out, flush=True)
+        print(done_line(trial.name, result.__dict__), file=out, flush=True)
+        if on_done is not None:
+            on_done(trial)
