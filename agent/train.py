@@ -204,7 +204,10 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
     size = ReplayBuffer.storage_bytes(cfg.buffer_size, spec.obs_shape, np.dtype(spec.obs_dtype),
                                       float_dtype)  # fmt: skip
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    storage = choose_storage(cfg.replay_storage, device, frames, size, free)
+    try:
+        storage = choose_storage(cfg.replay_storage, device, frames, size, free)
+    except ValueError as e:
+        raise UserError(f"invalid config: {e}") from None
     try:
         replay = (FrameReplayBuffer if frames else ReplayBuffer)(
             cfg.buffer_size,
