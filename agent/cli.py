@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument(
+        "--track", action="store_true",
+        help="also send the run to Weights & Biases (config key track; the track extra); with "
+        "--eval --video, its videos",
+    )  # fmt: skip
+    train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue RUN_DIR from checkpoints/last.pt"
     )
     train.add_argument(
@@ -166,6 +171,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     ):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
+    if args.track:
+        overrides["track"] = True
     from envs import check_env_id
 
     check_env_id(args.env)
@@ -326,6 +333,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     if args.video:
         print(f"videos written to {args.video}")
+        if args.track or cfg.track:
+            _track_videos(checkpoint, cfg, Path(args.video), int(data["counters"]["global_step"]))
     if args.json:
         print(
             json.dumps(
@@ -373,6 +382,23 @@ def cmd_export(args: argparse.Namespace) -> int:
         env.close()
     print(f"wrote {out} ({fmt}), checked against {checkpoint} on {env_id}: {result.summary()}")
     return 0
+
+
+def _track_videos(checkpoint: Path, cfg: Any, video_dir: Path, step: int) -> None:
+    """Send ``--eval --video``'s mp4 files to the W&B run of the checkpoint's run directory."""
+    from agent.tracking import Tracker
+
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    if run_dir is None:
+        _user_error(f"--track sends videos to the W&B run of a run directory, and {checkpoint} "
+                    "is not in one (RUN_DIR/checkpoints/): drop --track")  # fmt: skip
+    videos = sorted(video_dir.glob("*.mp4"))
+    tracker = Tracker(run_dir, cfg.wandb_project, cfg.wandb_entity)
+    try:
+        tracker.videos(videos, step)
+    finally:
+        tracker.close()
+    print(f"{len(videos)} video(s) sent to W&B run {tracker.run.id} ({cfg.wandb_project})")
 
 
 def policy_file(path: str | Path) -> Path:

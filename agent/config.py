@@ -266,6 +266,15 @@ class Config:
     """Environment steps between TensorBoard scalar writes."""
     checkpoint_interval: int = 25_000
     """Environment steps between writes of checkpoints/last.pt."""
+    track: bool = False
+    """Also send the run to Weights & Biases (``--track``): every scalar TensorBoard gets,
+    the resolved config, the final results, and the videos of ``--eval RUN --video DIR``.
+    An extra (``pip install -e ".[track]"``); ``WANDB_MODE=offline`` keeps it on this
+    machine. TensorBoard stays."""
+    wandb_project: str = "noisy-dqn"
+    """The Weights & Biases project of a tracked run."""
+    wandb_entity: str | None = None
+    """The Weights & Biases entity (user or team) of a tracked run; null: W&B's default."""
     capture_graph: bool = True
     """On CUDA, capture action selection and the learner update as CUDA graphs, each
     replayed every step (false: eager, e.g. where capture misbehaves)."""

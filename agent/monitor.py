@@ -139,6 +139,8 @@ class Monitor:
         initial_step: the step a resumed run starts from: where the bar starts, and the
             events logged past it before the run was resumed are hidden.
         progress: show the bar (only when stderr is a terminal, unless forced).
+        tracker: a second logger that gets every scalar and the results too
+            (:class:`~agent.tracking.Tracker`, ``--track``), or None.
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class Monitor:
         total_steps: int,
         initial_step: int = 0,
         progress: bool = True,
+        tracker: Any = None,
     ) -> None:
         # Imported here: tensorboard costs ~1 s of start-up that evaluation does not need.
         from torch.utils.tensorboard import SummaryWriter
@@ -167,22 +170,25 @@ class Monitor:
         self._bar_step = initial_step
         self._sps_time = time.perf_counter()
         self._sps_step = initial_step
+        self.tracker = tracker
 
     def episode(self, step: int, episodic_return: float, length: int) -> None:
-        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
-        self.writer.add_scalar("charts/episodic_length", length, step)
+        self.scalars(step, {"charts/episodic_return": episodic_return,
+                            "charts/episodic_length": length})  # fmt: skip
         self.recent_returns.append(episodic_return)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
+        if self.tracker is not None:
+            self.tracker.log(step, values)
 
     def sps(self, step: int) -> float:
         """Environment steps per second since the previous call, logged as charts/SPS."""
         now = time.perf_counter()
         sps = (step - self._sps_step) / max(now - self._sps_time, 1e-9)
         self._sps_time, self._sps_step = now, step
-        self.writer.add_scalar("charts/SPS", sps, step)
+        self.scalars(step, {"charts/SPS": sps})
         return sps
 
     def progress(self, step: int, **postfix: Any) -> None:
@@ -209,8 +215,12 @@ class Monitor:
         clean = {k: v for k, v in results.items() if isinstance(v, float) and math.isfinite(v)}
         for summary in hparams(flat, clean):
             self.writer.file_writer.add_summary(summary)
+        if self.tracker is not None:
+            self.tracker.summary(clean)
 
     def close(self) -> None:
         self.bar.close()
         self.writer.flush()
         self.writer.close()
+        if self.tracker is not None:
+            self.tracker.close()

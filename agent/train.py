@@ -48,6 +48,7 @@ from agent.networks import QNetwork, resolve_torso
 from agent.replay import Batch, FrameReplayBuffer, Replay, ReplayBuffer, choose_storage
 from agent.replay.prioritized import annealed_beta
 from agent.signals import StopSignals
+from agent.tracking import Tracker, require_wandb
 from envs import EnvSpec, episode_seed, inspect_env, make_env, make_vector_env
 
 # The loop's pieces beside train() are public too: seeds/group.py steps S such runs
@@ -326,6 +327,8 @@ def prepare_run(
     # before anything is written.
     spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
     check_observations(cfg, spec)
+    if cfg.track:
+        require_wandb()
     device = resolve_device(cfg.device)
     try:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -580,7 +583,10 @@ def run_outputs(
     """A run's TensorBoard monitor (the caller closes it), checkpoints and evaluator;
     ``current_obs``: what a failed ``best.pt`` write saves ``last.pt`` with."""
     cfg, counters = run.cfg, run.counters
-    monitor = Monitor(run.run_dir, cfg.total_steps, counters.global_step, progress)
+    tracker = None  # W&B beside TensorBoard (--track)
+    if cfg.track:
+        tracker = Tracker(run.run_dir, cfg.wandb_project, cfg.wandb_entity, run.ran)
+    monitor = Monitor(run.run_dir, cfg.total_steps, counters.global_step, progress, tracker)
     checkpoints = Checkpoints(run, lambda: run.wall_before + time.perf_counter() - wall_start)
     evaluate = Evaluator(
         run.agent.greedy, run.eval_envs, counters, seed=cfg.seed,

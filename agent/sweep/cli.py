@@ -162,6 +162,8 @@ def _trials_from_args(args: argparse.Namespace) -> tuple[list[Trial], dict[str, 
     for key in ("total_steps", "num_envs", "device"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
+    if getattr(args, "track", False):
+        overrides["track"] = True
     if args.seeds is not None:
         if args.seed is not None:
             raise UserError("--seed and --seeds together: drop --seed (--seeds 3,5,8 lists seeds)")
