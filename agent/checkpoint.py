@@ -12,7 +12,10 @@ to their loading and their format version:
   training checkpoints (``last.pt``) add what an exact resume needs:
     target_network, learner  state dicts (the learner's holds the optimizer)
     eval_curve               (env steps, mean return) of every periodic evaluation
-    rng, sample_generator, explore_rng, selector    every random stream
+    rng, sample_generator, exploration, selector    every random stream; the exploration
+                             policy's state holds its noise schedule (version 1 kept the
+                             noise counter in the selector's, and the stream alone as
+                             explore_rng: read as such)
     envs                     per sub-env episode number and actions so far (exact resume)
     replay                   the buffer's state dict, when ``save_buffer`` keeps it
                              (:func:`keeps_buffer`; without it a resume is approximate)
@@ -46,6 +49,7 @@ from agent.usage import command
 __all__ = [
     "BUFFER_LIMIT",
     "FORMAT",
+    "READS",
     "VERSION",
     "CheckpointWriteError",
     "buffer_left_out",
@@ -62,8 +66,8 @@ __all__ = [
 ]
 
 FORMAT = "noisy-dqn-checkpoint"
-VERSION = 1
-
+VERSION = 2
+READS = (1, 2)  # the versions this release loads
 BUFFER_LIMIT = 1 << 30
 """``save_buffer: auto`` keeps a replay buffer in ``last.pt`` up to this many bytes at
 full capacity: every default but Atari's 1M frames (6.7 GiB)."""
@@ -215,10 +219,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path} is not a Noisy DQN checkpoint: give a file that {command()} wrote "
             "(RUN_DIR/checkpoints/last.pt or best.pt)"
         )
-    if data.get("version") != VERSION:
+    if data.get("version") not in READS:
         raise UserError(
-            f"{path} has checkpoint format version {data.get('version')}, this release reads "
-            f"version {VERSION}: use the release that wrote it"
+            f"{path} has checkpoint format version {data.get('version')}, written by a newer "
+            f"release; this one reads versions {', '.join(map(str, READS))}: use the release "
+            "that wrote it"
         )
     return data
 
@@ -252,7 +257,7 @@ def training_checkpoint(
     learner: Any,
     eval_curve: list[tuple[int, float]],
     sample_generator: torch.Generator,
-    explore_rng: np.random.Generator,
+    exploration: Any,
     selector: Any,
     episodes: dict[str, Any],
     replay: Any | None,
@@ -261,8 +266,9 @@ def training_checkpoint(
 ) -> dict[str, Any]:
     """A :func:`policy_checkpoint` plus everything an exact resume needs (``last.pt``).
 
-    ``learner``, ``selector``, ``replay`` and ``augment`` (the batch augmentation, if
-    any) are anything with a ``state_dict()``; ``episodes`` is the episode bookkeeping's
+    ``learner``, ``exploration``, ``selector``, ``replay`` and ``augment`` (the batch
+    augmentation, if any) are anything with a ``state_dict()``; ``episodes`` is the
+    episode bookkeeping's
     state (``agent.episodes``). With ``replay=None`` the buffer is not saved and a resume
     starts with an empty one.
     """
@@ -273,7 +279,7 @@ def training_checkpoint(
         "eval_curve": torch.tensor(eval_curve or [], dtype=torch.float64).reshape(-1, 2),
         "rng": get_rng_state(),
         "sample_generator": sample_generator.get_state(),
-        "explore_rng": explore_rng.bit_generator.state,  # nested dict of Python ints
+        "exploration": exploration.state_dict(),  # nested dicts of Python ints
         "selector": selector.state_dict(),
         "envs": episodes,
         "wall_time_s": wall_time_s,
@@ -292,7 +298,7 @@ def restore_training(
     target_network: nn.Module,
     learner: Any,
     sample_generator: torch.Generator,
-    explore_rng: np.random.Generator,
+    exploration: Any,
     selector: Any,
     replay: Any,
     augment: Any | None = None,
@@ -309,8 +315,12 @@ def restore_training(
         replay.load_state_dict(data["replay"])
     set_rng_state(data["rng"])
     sample_generator.set_state(data["sample_generator"])
-    explore_rng.bit_generator.state = data["explore_rng"]
     selector.load_state_dict(data["selector"])
+    if "exploration" in data:
+        exploration.load_state_dict(data["exploration"])
+    else:  # version 1: the stream alone, and the noise counter in the selector's state
+        exploration.load_state_dict({"rng": data["explore_rng"],
+                                     "noise": {"step": data["selector"]["step"]}})  # fmt: skip
     if augment is not None and "augment" in data:
         augment.load_state_dict(data["augment"])
     return [(int(s), float(r)) for s, r in data["eval_curve"].tolist()]

@@ -1,13 +1,14 @@
-"""The exploration policy on top of the selector's actions, in one place: epsilon-greedy,
-or the noisy agent's floor of random actions, and the uniform random warm-up of both."""
+"""The exploration policy, in one place: when the noisy agent's acting noise is drawn
+afresh (every K steps, once an episode, on a repeated observation), epsilon-greedy, the
+noisy agent's floor of random actions, and the uniform random warm-up of both."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Exploration", "epsilon_greedy", "linear_schedule"]
+__all__ = ["Exploration", "NoiseSchedule", "epsilon_greedy", "linear_schedule"]
 
 
 def linear_schedule(start: float, end: float, duration: float, step: int) -> float:
@@ -26,6 +27,35 @@ def epsilon_greedy(
     return actions
 
 
+class NoiseSchedule:
+    """When the acting noise is drawn afresh: every ``interval`` acting steps (1: every
+    step, as in the NoisyNet paper), or with ``interval`` None only at the first step and
+    after :meth:`restart`. Asked once per acting step (:meth:`due`)."""
+
+    def __init__(self, interval: int | None = 1) -> None:
+        if interval is not None and (int(interval) != interval or interval < 1):
+            raise ValueError(f"noise_interval must be a positive integer or None, got {interval}")
+        self.interval = None if interval is None else int(interval)
+        self.step = 0
+        """Acting steps since the last draw was due (or the last restart)."""
+
+    def due(self) -> bool:
+        """Whether this acting step draws fresh noise; counts the step."""
+        due = self.step == 0 if self.interval is None else self.step % self.interval == 0
+        self.step += 1
+        return due
+
+    def restart(self) -> None:
+        """The next step draws fresh noise, whatever the interval says."""
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
 class Exploration:
     """What the agent plays, given what its selector chose: asked once per step.
 
@@ -33,8 +63,16 @@ class Exploration:
     ``epsilon_end`` over ``epsilon_fraction`` of ``total_steps``. ``noisy``: the
     selector's actions (greedy on the noisy net) with a floor of ``noisy_epsilon``
     random ones after the warm-up, marked as ``explored`` so that replay ends the n-step
-    returns before them. Both play uniformly at random for the first ``random_starts``
-    steps. ``rng`` is the run's exploration stream (saved in checkpoints).
+    returns before them; its acting noise is drawn afresh every ``noise_interval`` steps,
+    or (``"episode"``) at every episode end (:meth:`episode_ended`), and with
+    ``noise_on_repeat`` also when an observation repeats within an episode under held
+    noise (:meth:`repeated`). Both play uniformly at random for the first
+    ``random_starts`` steps. ``rng`` is the run's exploration stream; the policy's state
+    (:meth:`state_dict`) is saved in checkpoints.
+
+    A step asks, in order: :meth:`fresh_noise` (before the selector acts), then the
+    policy itself with the selector's actions; after the env step, :meth:`episode_ended`
+    and :meth:`repeated` where they apply.
     """
 
     def __init__(
@@ -49,8 +87,16 @@ class Exploration:
         epsilon_start: float = 1.0,
         epsilon_end: float = 0.05,
         epsilon_fraction: float = 0.1,
+        noise_interval: int | Literal["episode"] = 1,
+        noise_on_repeat: bool = False,
     ) -> None:
         self.kind = kind
+        self.noise = NoiseSchedule(None if noise_interval == "episode" else noise_interval)
+        self.noise_per_episode = noise_interval == "episode"
+        self.watches_repeats = kind == "noisy" and noise_interval != 1 and noise_on_repeat
+        """Whether a repeated observation draws fresh noise: noisy, held noise (an
+        interval other than 1), ``noise_on_repeat``; the episodes' bookkeeping watches
+        for repeats only then."""
         self.n_actions = n_actions
         self.rng = rng
         self.random_starts = random_starts
@@ -59,6 +105,37 @@ class Exploration:
         self.decay_steps = epsilon_fraction * total_steps
         self.epsilon = epsilon_start if kind == "epsilon" else noisy_epsilon
         """The probability of a random action at the last step asked (for the logs)."""
+
+    @property
+    def noisy(self) -> bool:
+        """True when the agent explores by acting on its noisy network."""
+        return self.kind == "noisy"
+
+    def fresh_noise(self) -> bool:
+        """Whether this step's action is taken under freshly drawn noise (asked once per
+        step, before acting; always False for epsilon-greedy, which acts on the mean
+        weights)."""
+        due = self.noise.due()
+        return due and self.noisy
+
+    def episode_ended(self) -> None:
+        """An episode ended (any sub-env's): per-episode noise is drawn afresh next."""
+        if self.noise_per_episode:
+            self.noise.restart()
+
+    def repeated(self) -> None:
+        """An observation repeated within its episode under held noise: a loop the same
+        noise would replay to the time limit, so fresh noise is drawn next."""
+        if self.watches_repeats:
+            self.noise.restart()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exploration stream and the noise schedule (plain values)."""
+        return {"rng": self.rng.bit_generator.state, "noise": self.noise.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.noise.load_state_dict(state["noise"])
 
     def __call__(self, actions: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(actions to play, where the floor replaced the policy's or None) at ``step``."""

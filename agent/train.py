@@ -225,14 +225,14 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         )
     except ValueError as e:
         raise UserError(f"invalid config: {e}") from None
-    noisy = cfg.exploration == "noisy"
+    # Acting on the noisy net (the exploration policy says when its noise is drawn) or, for
+    # epsilon-greedy, on the mean weights.
     selector = ActionSelector(
         q_network,
         spec.obs_shape,
         cfg.num_envs,
         device,
-        noise=noisy,
-        noise_interval=None if cfg.noise_interval == "episode" else cfg.noise_interval,
+        noise=cfg.exploration == "noisy",
         capture_graph=cfg.capture_graph,
     )
     greedy = ActionSelector(
@@ -307,7 +307,7 @@ class Run:
             "target_network": self.agent.target_network,
             "learner": self.agent.learner,
             "sample_generator": self.sample_generator,
-            "explore_rng": self.exploration.rng,
+            "exploration": self.exploration,
             "selector": self.agent.selector,
             "augment": self.augment,
         }
@@ -366,9 +366,9 @@ def prepare_run(
         total_steps=cfg.total_steps, random_starts=cfg.random_starts,
         noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
         epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
+        noise_interval=cfg.noise_interval, noise_on_repeat=cfg.noise_on_repeat,
     )  # fmt: skip
-    held_noise = cfg.exploration == "noisy" and cfg.noise_interval != 1
-    episodes = Episodes(cfg.num_envs, cfg.seed, watch_repeats=held_noise and cfg.noise_on_repeat)
+    episodes = Episodes(cfg.num_envs, cfg.seed, watch_repeats=exploration.watches_repeats)
     run = Run(
         cfg, spec, run_dir, ran, envs, eval_envs, agent, episodes,
         Counters(learning_starts=cfg.learning_starts), [], np.empty(0), sample_generator,
@@ -515,7 +515,7 @@ def train(
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         while counters.global_step < cfg.total_steps:
             # --- act: greedy on a noisy net, then the exploration policy on top ---
-            actions = selector(obs)  # (n,) int64, the one device->host read per step
+            actions = selector(obs, explore.fresh_noise())  # (n,) int64: the host read
             # explored: (n,) bool where the floor's random action replaced the policy's
             actions, explored = explore(actions, counters.global_step)
 
@@ -538,10 +538,9 @@ def train(
                 for episodic_return, length in finished:
                     monitor.episode(step, episodic_return, length)
                 counters.episodes += len(finished)
-                if cfg.noise_interval == "episode":
-                    selector.new_noise()  # one noise sample per episode
+                explore.episode_ended()  # per-episode noise: drawn afresh next step
             if episodes.observe(next_obs):  # a repeat under held noise: a loop; break it
-                selector.new_noise()
+                explore.repeated()
             obs = next_obs
 
             # --- learn: one update per train_freq env steps, once learning has started ---

@@ -3,7 +3,7 @@ to a digest of everything its ``last.pt`` and ``result.json`` hold but wall time
 
     python -m bench.same_bits --out new.json              # this checkout
     python -m bench.same_bits --checkout ../old --out old.json   # another one (a worktree)
-    python -m bench.same_bits --compare old.json new.json  # exit 1 where a digest differs
+    python -m bench.same_bits --compare old.json new.json  # exit 1 where a trajectory differs
 
 A refactor that claims to change nothing runs it on both commits; a landing during report
 runs checks that their configurations still reproduce. Every case is a ``run.py`` command,
@@ -61,13 +61,19 @@ CASES: list[tuple[str, list[str]]] = [
 # What is not the trajectory: times, where the run was, and the config as saved (which
 # grows a key with every new setting; the cases fix the values that matter).
 _WALL = {"wall_time_s", "final_eval_wall_s", "run_dir", "config"}
+# The random streams' saved states, which a change of the checkpoint's layout moves
+# while the trajectory (networks, optimizer, replay, counters, results) stays: the
+# "trajectory" digest leaves them out, the "full" one keeps them.
+_STREAMS = {"rng", "sample_generator", "explore_rng", "selector", "augment", "seed_group",
+            "exploration", "version"}  # fmt: skip
 
 
-def _digest(value: object, h: hashlib._Hash) -> None:
-    """Feed ``value`` (a checkpoint's nested dicts, lists, tensors and numbers) to ``h``."""
+def _digest(value: object, h: hashlib._Hash, skip: frozenset = frozenset()) -> None:
+    """Feed ``value`` (a checkpoint's nested dicts, lists, tensors and numbers) to ``h``,
+    without the top-level keys in ``skip``."""
     if isinstance(value, dict):
         for key in sorted(value, key=str):
-            if key in _WALL:
+            if key in _WALL or key in skip:
                 continue
             h.update(str(key).encode())
             _digest(value[key], h)
@@ -99,15 +105,16 @@ def run_digests(names: list[str], root: Path, work: Path, out=sys.stdout) -> dic
             digests[name] = f"failed: {last}"
             print(f"{name}: failed ({last})", file=out)
             continue
-        h = hashlib.sha256()
+        full, trajectory = hashlib.sha256(), hashlib.sha256()
         for path in sorted(run_dir.rglob("last.pt")) + sorted(run_dir.rglob("result.json")):
-            h.update(str(path.relative_to(run_dir)).encode())
-            if path.suffix == ".pt":
-                _digest(torch.load(path, weights_only=True), h)
-            else:
-                _digest(json.loads(path.read_text()), h)
-        digests[name] = h.hexdigest()
-        print(f"{name}: {digests[name][:16]} ({time.perf_counter() - start:.0f} s)", file=out)
+            data = (torch.load(path, weights_only=True) if path.suffix == ".pt"
+                    else json.loads(path.read_text()))  # fmt: skip
+            for h, skip in ((full, frozenset()), (trajectory, frozenset(_STREAMS))):
+                h.update(str(path.relative_to(run_dir)).encode())
+                _digest(data, h, skip)
+        digests[name] = {"trajectory": trajectory.hexdigest(), "full": full.hexdigest()}
+        print(f"{name}: {digests[name]['trajectory'][:16]} ({time.perf_counter() - start:.0f} s)",
+              file=out)  # fmt: skip
     return digests
 
 
@@ -122,11 +129,15 @@ def main() -> None:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
         differ = False
         for k in sorted(a.keys() & b.keys()):
-            if a[k].startswith("failed") or b[k].startswith("failed"):
-                print(f"{k}: not compared ({a[k] if a[k].startswith('failed') else b[k]})")
-            else:
-                print(f"{k}: {'same' if a[k] == b[k] else 'DIFFERENT'}")
-                differ |= a[k] != b[k]
+            failed = [d[k] for d in (a, b) if isinstance(d[k], str)]
+            if failed:
+                print(f"{k}: not compared ({failed[0]})")
+                continue
+            same = a[k]["trajectory"] == b[k]["trajectory"]
+            states = "" if a[k]["full"] == b[k]["full"] else " (the random streams' saved " \
+                "states are laid out otherwise)"
+            print(f"{k}: {'same' if same else 'DIFFERENT'}{states if same else ''}")
+            differ |= not same
         sys.exit(1 if differ else 0)
     names = [n for n in args.cases.split(",") if n]
     with tempfile.TemporaryDirectory() as work:

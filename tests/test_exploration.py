@@ -50,3 +50,57 @@ def test_the_same_stream_gives_the_same_actions() -> None:
     a, b = _noisy(0.3, random_starts=10, seed=5), _noisy(0.3, random_starts=10, seed=5)
     for step in (0, 64, 128):
         np.testing.assert_array_equal(a(policy, step)[0], b(policy, step)[0])
+
+
+def test_the_noise_schedule_draws_every_interval_or_only_after_a_restart() -> None:
+    from agent.exploration import NoiseSchedule
+
+    every_third = NoiseSchedule(3)
+    assert [every_third.due() for _ in range(7)] == [True, False, False, True, False, False, True]
+    held = NoiseSchedule(None)
+    assert [held.due() for _ in range(4)] == [True, False, False, False]
+    held.restart()
+    assert [held.due() for _ in range(2)] == [True, False]
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="noise_interval"):
+            NoiseSchedule(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("interval", "on_repeat", "after_episode", "after_repeat"),
+    [(1, True, True, True), ("episode", False, True, False), ("episode", True, True, True),
+     (5, True, False, True), (5, False, False, False)],
+)  # fmt: skip
+def test_fresh_noise_after_an_episode_end_or_a_repeat_as_the_policy_says(
+    interval: int | str, on_repeat: bool, after_episode: bool, after_repeat: bool
+) -> None:
+    """Noise drawn afresh at the first step; then per interval, at episode ends for
+    per-episode noise, on repeats for held noise with noise_on_repeat. (An interval of 1
+    draws every step anyway.)"""
+    explore = Exploration("noisy", 4, np.random.default_rng(0), total_steps=100,
+                          noise_interval=interval, noise_on_repeat=on_repeat)  # fmt: skip
+    assert explore.fresh_noise()
+    explore.fresh_noise()  # a second step: fresh only at an interval of 1
+    explore.episode_ended()
+    assert explore.fresh_noise() == (after_episode or interval == 1)
+    explore.fresh_noise()
+    explore.repeated()
+    assert explore.fresh_noise() == (after_repeat or interval == 1)
+    assert explore.watches_repeats == (interval != 1 and on_repeat)
+
+
+def test_epsilon_greedy_never_draws_noise_and_its_state_round_trips() -> None:
+    explore = Exploration("epsilon", 4, np.random.default_rng(0), total_steps=100)
+    assert not any(explore.fresh_noise() for _ in range(5)) and not explore.noisy
+    noisy = Exploration("noisy", 4, np.random.default_rng(3), total_steps=100,
+                        noise_interval=5, noisy_epsilon=0.5)  # fmt: skip
+    policy = np.zeros(16, dtype=np.int64)
+    noisy.fresh_noise()
+    noisy(policy, 0)
+    state = noisy.state_dict()
+    expected = ([noisy.fresh_noise() for _ in range(6)], noisy(policy, 1)[0])
+    again = Exploration("noisy", 4, np.random.default_rng(99), total_steps=100,
+                        noise_interval=5, noisy_epsilon=0.5)  # fmt: skip
+    again.load_state_dict(state)
+    got = ([again.fresh_noise() for _ in range(6)], again(policy, 1)[0])
+    assert got[0] == expected[0] and np.array_equal(got[1], expected[1])

@@ -149,6 +149,44 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path: Path, exploration: 
     assert result_a["eval_curve"] == result_b["eval_curve"]
 
 
+@pytest.mark.parametrize("group", [False, True], ids=["one-seed", "stacked-seeds"])
+def test_a_version_1_checkpoint_resumes_exactly(tmp_path: Path, group: bool) -> None:
+    """A last.pt as the release before the exploration policy kept the noise schedule
+    wrote it (version 1: the exploration stream as explore_rng, the noise counter in the
+    selector's state, or for stacked seeds in the group's) resumes to the same run."""
+    from agent.seeds.group import GROUP_KEY, train_group
+
+    overrides = {**SHORT, "save_buffer": True, "eval_interval": 0, "noise_interval": "episode",
+                 "checkpoint_interval": 10_000}  # fmt: skip
+
+    def run(total: int, where: Path, checkpoint: dict | None = None) -> None:
+        cfg = load_config("CartPole-v1", overrides={**overrides, "total_steps": total})
+        if group:
+            train_group([cfg], [where], [checkpoint], progress=False, echo=lambda _: None)
+        else:
+            train(cfg, where, checkpoint=checkpoint, progress=False, echo=lambda _: None)
+
+    run(2_400, tmp_path / "a")
+    run(1_200, tmp_path / "b")
+    data = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    step = data["exploration"]["noise"]["step"]
+    assert step > 0  # mid-episode: the counter matters
+    old = {k: v for k, v in data.items() if k != "exploration"}
+    old.update(version=1, explore_rng=data["exploration"]["rng"])
+    if group:
+        old[GROUP_KEY] = {**data[GROUP_KEY], "noise_step": step}
+        old["selector"] = {**data["selector"], "step": 0}
+    else:
+        old["selector"] = {**data["selector"], "step": step}
+    torch.save(old, tmp_path / "b" / "checkpoints" / "last.pt")
+    run(2_400, tmp_path / "b", load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt"))
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert b["version"] == 2 and b["exploration"] == a["exploration"]
+    for key in a["q_network"]:
+        assert torch.equal(a["q_network"][key], b["q_network"][key]), key
+
+
 def test_the_random_warm_up_is_announced_until_it_is_over(tmp_path: Path) -> None:
     def frozenlake(**overrides: object) -> Config:  # configs/default.yaml: no YAML of its own
         return load_config(
@@ -194,8 +232,8 @@ def test_episode_noise_is_held_for_each_episode(
     held: list[list[torch.Tensor]] = []
 
     class Recording(ActionSelector):
-        def __call__(self, obs: np.ndarray) -> np.ndarray:
-            actions = super().__call__(obs)
+        def __call__(self, obs: np.ndarray, fresh_noise: bool | None = None) -> np.ndarray:
+            actions = super().__call__(obs, fresh_noise)
             if self.noise:  # the training selector, not the evaluation one
                 held.append([b.clone() for m in noisy_layers(self.q_network) for b in m.buffers()])
             return actions
@@ -241,8 +279,8 @@ def test_noisy_exploration_replaces_actions_with_noisy_epsilon_after_the_warm_up
     marked: list[bool] = []  # replay's explored flag of each step
 
     class Recording(ActionSelector):
-        def __call__(self, obs: np.ndarray) -> np.ndarray:
-            actions = super().__call__(obs)
+        def __call__(self, obs: np.ndarray, fresh_noise: bool | None = None) -> np.ndarray:
+            actions = super().__call__(obs, fresh_noise)
             if self.noise:  # the training selector, not the evaluation one
                 chosen.extend(actions.tolist())
             return actions

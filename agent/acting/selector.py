@@ -39,6 +39,7 @@ from agent.acting.graph import (
     capture_eager,
     make_act_fn,
 )
+from agent.exploration import NoiseSchedule
 from agent.numpy_backend import NumpyForward, Unsupported, compiled_or_none
 from agent.noisy import noisy_layers
 from agent.values import greedy_actions, support_of
@@ -81,8 +82,9 @@ class ActionSelector:
             writes them (its update noise has buffers of its own,
             :class:`~agent.noisy.NoiseBuffers`), so the noise stays held between resamples.
         noise_interval: resample the noise every this many calls (1 = every step), or
-            ``None``: only at the first call and after :meth:`new_noise` (the training
-            loop calls it at every episode end, for noise held for a whole episode).
+            ``None``: only at the first call and after :meth:`new_noise` (a
+            :class:`~agent.exploration.NoiseSchedule`). A call that says ``fresh_noise``
+            follows that instead: the training loops ask their exploration policy.
         seed: seed of the numpy generator used for noise on the CPU fast path; ``None``
             draws one from torch's default CPU generator, so ``torch.manual_seed``
             makes acting reproducible. (The torch paths use torch's default generator.)
@@ -119,12 +121,6 @@ class ActionSelector:
         obs_shape = tuple(int(s) for s in obs_shape)
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if noise_interval is not None and (
-            int(noise_interval) != noise_interval or noise_interval < 1
-        ):
-            raise ValueError(
-                f"noise_interval must be a positive integer or None, got {noise_interval}"
-            )
         if backend not in ("auto", "graph", "numpy", "eager"):
             raise ValueError(f"backend must be auto, graph, numpy or eager, got {backend!r}")
         if capture_fn is not None and backend not in ("auto", "graph"):
@@ -139,7 +135,7 @@ class ActionSelector:
         self.num_envs = int(num_envs)
         self._batch_shape = (self.num_envs, *obs_shape)
         self._noise = bool(noise)
-        self.noise_interval = None if noise_interval is None else int(noise_interval)
+        self._schedule = NoiseSchedule(noise_interval)  # ValueError for a bad interval
         self._backend_request: Backend = "graph" if capture_fn is not None else backend
         self._capture_fn = capture_fn
         self.capture_graph = bool(capture_graph)
@@ -159,7 +155,6 @@ class ActionSelector:
             seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
         self._rng = np.random.default_rng(seed)
         self._is_noisy = bool(noisy_layers(q_network))
-        self._step = 0
         self._warned = False
         self._backend: str | None = None  # set by _build at the first call
         self._obs_dtype: np.dtype | None = None
@@ -172,6 +167,11 @@ class ActionSelector:
         return self._probe_dict[self._probe_name].device
 
     @property
+    def noise_interval(self) -> int | None:
+        """Calls between noise draws (None: only after :meth:`new_noise`)."""
+        return self._schedule.interval
+
+    @property
     def noise(self) -> bool:
         """Act with noisy weights (True) or the mean weights (False). Settable."""
         return self._noise
@@ -180,7 +180,7 @@ class ActionSelector:
     def noise(self, enabled: bool) -> None:
         enabled = bool(enabled)
         if enabled and not self._noise:
-            self._step = 0  # switching noise on draws fresh noise at the next call
+            self._schedule.restart()  # switching noise on draws fresh noise at the next call
         self._noise = enabled
 
     @property
@@ -197,7 +197,7 @@ class ActionSelector:
 
     def new_noise(self) -> None:
         """Draw fresh noise at the next call, whatever ``noise_interval`` says."""
-        self._step = 0
+        self._schedule.restart()
 
     def refresh(self) -> None:
         """Drop graphs, buffers and views; the next call rebuilds (re-captures) them."""
@@ -209,17 +209,21 @@ class ActionSelector:
         The call counter (for ``noise_interval``) and the numpy generator of the CPU
         path; the torch paths draw from torch's generators, saved with torch's RNG state.
         """
-        return {"step": self._step, "rng": self._rng.bit_generator.state}
+        return {"step": self._schedule.step, "rng": self._rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`: the next call continues where the saved selector stopped."""
-        self._step = int(state["step"])
+        self._schedule.load_state_dict(state)
         self._rng.bit_generator.state = state["rng"]
 
     # -- the hot path -------------------------------------------------------- #
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """Actions ``(num_envs,)`` int64 for a batch of observations ``(num_envs, *obs_shape)``."""
+    def __call__(self, obs: np.ndarray, fresh_noise: bool | None = None) -> np.ndarray:
+        """Actions ``(num_envs,)`` int64 for a batch of observations ``(num_envs, *obs_shape)``.
+
+        ``fresh_noise``: whether to draw the acting noise afresh before acting (the
+        exploration policy's call, :meth:`agent.exploration.Exploration.fresh_noise`);
+        None follows ``noise_interval``."""
         obs = np.asarray(obs)
         if obs.shape != self._batch_shape:
             raise ValueError(
@@ -235,11 +239,11 @@ class ActionSelector:
             or probe.dtype != self._probe_dtype
         ):
             self._build(obs.dtype)
-        interval = self.noise_interval
-        resample = self._noise and (
-            self._step == 0 if interval is None else self._step % interval == 0
-        )
-        self._step += 1
+        if fresh_noise is None:
+            due = self._schedule.due()
+            resample = self._noise and due
+        else:
+            resample = self._noise and fresh_noise
         if self._backend == "numpy":
             policy = self._numpy
             if resample:

@@ -136,15 +136,12 @@ class Seed:
     evaluate: Evaluator
     act_generator: torch.Generator
     update_generator: torch.Generator
-    noise_step: int = 0
-    """Acting calls since the last noise draw (``ActionSelector``'s counter)."""
 
     def group_state(self) -> dict[str, Any]:
         return {
             GROUP_KEY: {
                 "act_generator": self.act_generator.get_state(),
                 "update_generator": self.update_generator.get_state(),
-                "noise_step": self.noise_step,
             }
         }
 
@@ -177,27 +174,18 @@ class SeedStack:
         for layer in layers:  # epsilon-greedy acts on the mean weights
             layer.noise_enabled = noisy
         self._draw = NoiseDraw(layers) if noisy and layers else None
-        self.noise_interval = None if cfg.noise_interval == "episode" else cfg.noise_interval
-        self.steps = np.array([s.noise_step for s in seeds], dtype=np.int64)
         self.device = next(self.q_network.parameters()).device
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Greedy actions ``(S, n)`` for observations ``(S, n, *obs_shape)``; noise is
-        drawn for the seeds whose noise is due, as ``ActionSelector`` draws it."""
-        if self._draw is not None:
-            interval = self.noise_interval
-            due = self.steps == 0 if interval is None else self.steps % interval == 0
-            if due.any():
-                which = None if due.all() else np.flatnonzero(due).tolist()
-                self._draw([s.act_generator for s in self.seeds], seeds=which)
-        self.steps += 1
+        """Greedy actions ``(S, n)`` for observations ``(S, n, *obs_shape)``; fresh noise
+        is drawn for the seeds whose exploration policy asks for it."""
+        fresh = np.array([s.run.exploration.fresh_noise() for s in self.seeds])
+        if self._draw is not None and fresh.any():
+            which = None if fresh.all() else np.flatnonzero(fresh).tolist()
+            self._draw([s.act_generator for s in self.seeds], seeds=which)
         with torch.inference_mode():
             output = self.q_network(torch.from_numpy(obs).to(self.device))  # (S, n, A[, N])
             return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
-
-    def new_noise(self, index: int) -> None:
-        """Seed ``index`` draws fresh acting noise at the next call."""
-        self.steps[index] = 0
 
     def update(self, batches: list[Batch]) -> None:
         """One gradient step per seed, seed ``i`` on ``batches[i]``; each seed's replay
@@ -208,15 +196,14 @@ class SeedStack:
 
     @torch.no_grad()
     def write_back(self) -> None:
-        """Each seed's own online and target network, learner and noise counter from the
-        stack: afterwards they hold what a single run of that seed would."""
+        """Each seed's own online and target network and learner from the stack: afterwards
+        they hold what a single run of that seed would."""
         states = self.learner.seed_states()
         for i, seed in enumerate(self.seeds):
             agent = seed.run.agent
             agent.q_network.load_state_dict(seed_state_dict(self.q_network, i))
             agent.target_network.load_state_dict(seed_state_dict(self.target_network, i))
             agent.learner.load_state_dict(states[i])
-            seed.noise_step = int(self.steps[i])
 
 
 def resume_groups(checkpoints: list[dict[str, Any] | None]) -> list[list[int]]:
@@ -314,7 +301,8 @@ def _prepare_seed(
     if saved is not None:
         seed.act_generator.set_state(saved["act_generator"])
         seed.update_generator.set_state(saved["update_generator"])
-        seed.noise_step = int(saved["noise_step"])
+        if "noise_step" in saved:  # checkpoint version 1: the group kept the noise counter
+            run.exploration.noise.load_state_dict({"step": saved["noise_step"]})
     return seed
 
 
@@ -333,8 +321,7 @@ def _loop(
         # --- act: one stacked forward for every seed, then each seed's exploration ---
         actions = stack.act(np.stack([s.run.obs for s in seeds]))  # (S, n)
         for i, seed in enumerate(seeds):
-            if _env_step(seed, actions[i], cfg):
-                stack.new_noise(i)
+            _env_step(seed, actions[i], cfg)
         step = counters.global_step
         bar.update(n)
 
@@ -402,9 +389,9 @@ def _finish(
         return _diverged(seed, seed.run.counters.global_step, e)
 
 
-def _env_step(seed: Seed, actions: np.ndarray, cfg: Config) -> bool:
-    """One env step of one seed, as the single loop does it; True when its acting noise
-    is due for a redraw (an episode ended under per-episode noise, or a repeat)."""
+def _env_step(seed: Seed, actions: np.ndarray, cfg: Config) -> None:
+    """One env step of one seed, as the single loop does it: episode ends and repeated
+    observations go to its exploration policy (which draws the acting noise afresh)."""
     run = seed.run
     counters, episodes, replay = run.counters, run.episodes, run.agent.replay
     actions, explored = run.exploration(actions, counters.global_step)
@@ -414,17 +401,16 @@ def _env_step(seed: Seed, actions: np.ndarray, cfg: Config) -> bool:
     train_rewards = np.sign(rewards) if cfg.clip_rewards else rewards
     train_dones = terminated | life_lost if cfg.terminal_on_life_loss else terminated
     replay.add(run.obs, actions, train_rewards, next_obs, train_dones, truncated, explored)
-    redraw = False
     done = terminated | truncated
     if done.any():
         next_obs, finished = episodes.finish(run.envs, done)
         for episodic_return, length in finished:
             seed.monitor.episode(counters.global_step, episodic_return, length)
         counters.episodes += len(finished)
-        redraw = cfg.noise_interval == "episode"
-    redraw |= episodes.observe(next_obs)
+        run.exploration.episode_ended()
+    if episodes.observe(next_obs):
+        run.exploration.repeated()
     run.obs = next_obs
-    return redraw
 
 
 def _diverged(seed: Seed, step: int, error: NonFiniteError | None = None) -> NonFiniteError:
