@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent import streams
 from agent.replay.base import Batch
 
 __all__ = ["AUGMENTS", "SHIFT_PAD", "RandomShift", "make_augment"]
@@ -75,5 +76,5 @@ def make_augment(name: str, device: torch.device, seed: int) -> RandomShift | No
         raise ValueError(f"augment must be one of {', '.join(AUGMENTS)}, got {name!r}")
     if name == "none":
         return None
-    stream = int(np.random.SeedSequence([seed, 4]).generate_state(1)[0])
+    stream = int(np.random.SeedSequence([seed, streams.AUGMENT]).generate_state(1)[0])
     return RandomShift(SHIFT_PAD, device, stream)

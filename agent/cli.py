@@ -301,6 +301,7 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
+    from agent import streams
     from agent.acting import ActionSelector
     from agent.evaluate import format_return, json_ready, run_episodes
     from envs import make_env
@@ -323,7 +324,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     selector = ActionSelector(
         q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
     )
-    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=2)
+    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=streams.CLI_EVAL)
     for env in envs:
         env.close()  # with --video, writes the last video
     print(

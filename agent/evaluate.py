@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
+from agent import streams
 from envs import episode_seed
 
 __all__ = [
@@ -22,8 +23,8 @@ __all__ = [
     "run_episodes",
 ]
 
-# Seed stream of evaluation episodes: disjoint from the training envs' (stream 0).
-EVAL_STREAM = 1
+# Seed stream of evaluation episodes: disjoint from the training envs' (agent/streams.py).
+EVAL_STREAM = streams.EVAL
 # The last entropy word of an evaluation episode's own random actions (eval_epsilon).
 _EPSILON_KEY = 7
 

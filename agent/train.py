@@ -25,6 +25,7 @@ import torch
 import yaml
 from threadpoolctl import threadpool_limits
 
+from agent import streams
 from agent.acting import ActionSelector
 from agent.augment import RandomShift, make_augment
 from agent.acting.graph import CaptureFn, capture_cuda_graph
@@ -362,7 +363,7 @@ def prepare_run(
     (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
     sample_generator = torch.Generator(device=agent.replay.generator_device).manual_seed(cfg.seed)
     exploration = Exploration(
-        cfg.exploration, spec.n_actions, np.random.default_rng([cfg.seed, 2]),
+        cfg.exploration, spec.n_actions, np.random.default_rng([cfg.seed, streams.EXPLORATION]),
         total_steps=cfg.total_steps, random_starts=cfg.random_starts,
         noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
         epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
@@ -668,7 +669,7 @@ def log_training(
     scalars.update(run.exploration.scalars())
     scalars.update(noise_stats(run.agent.q_network))
     if len(replay) >= cfg.batch_size:  # how much the noise changes behaviour
-        probe_seed = episode_seed(cfg.seed, 0, step, stream=3)
+        probe_seed = episode_seed(cfg.seed, 0, step, stream=streams.PROBE)
         noisy = cfg.exploration == "noisy"
         scalars.update(
             exploration_probe(run.agent.q_network, replay, cfg.batch_size, probe_seed, noisy)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from agent import streams
 from agent.checkpoint import resume_exactness
 from agent.config import Config
 from agent.errors import UserError
@@ -74,8 +75,8 @@ __all__ = [
 GROUP_KEY = "seed_group"
 """The key of ``last.pt`` that holds a seed's group-only state (its noise streams)."""
 
-# Streams of SeedSequence([seed, stream]): 2 is the exploration's, 3 the log probes'.
-ACT_STREAM, UPDATE_STREAM = 10, 11
+# A stacked seed's acting and update noise (agent/streams.py).
+ACT_STREAM, UPDATE_STREAM = streams.GROUP_ACT, streams.GROUP_UPDATE
 
 
 def stream_generator(seed: int, stream: int, device: torch.device) -> torch.Generator:
