@@ -454,7 +454,7 @@ def load_policy(
     check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
     torch.set_num_threads(1)
     on = resolve_device(device or "auto")
-    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, on)
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, on, spec.obs_dtype)
     q_network.load_state_dict(data["q_network"])
     return data, cfg, spec, env_options, q_network
 

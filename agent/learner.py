@@ -229,11 +229,11 @@ class Learner:
 
     ``backend``: how the gradients are computed. ``"auto"`` (default) uses the numpy
     program of :mod:`agent.numpy_backend` where it applies (both networks on the CPU in
-    float32/float64, made of the ops it knows: every MLP and the MinAtar CNN that
-    ``QNetwork`` builds) and PyTorch's autograd otherwise: silently where that is expected
-    (CUDA, other dtypes, the Nature CNN), after one warning naming what did not compile
-    otherwise. ``"torch"`` or ``"numpy"`` force one (``"numpy"`` raises ``ValueError``,
-    naming what did not compile, where it does not apply). Both compute the same update,
+    float32/float64, made of the ops it knows: every network ``QNetwork`` builds) and
+    PyTorch's autograd otherwise: silently where that is expected (CUDA, other dtypes, a
+    module that opts out), after one warning naming what did not compile otherwise.
+    ``"torch"`` or ``"numpy"`` force one (``"numpy"`` raises ``ValueError``, naming what
+    did not compile, where it does not apply). Both compute the same update,
     up to float rounding; the numpy one is several times cheaper on small networks
     (docs/research/log.md). :attr:`backend` says which runs.
     The networks' parameters must stay where they are (``load_state_dict`` copies

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 from torch import nn
@@ -37,12 +37,9 @@ TORSOS: tuple[str, ...] = ("auto", "mlp", "minatar", "nature", "der")
 class NatureCNN(nn.Module):
     """The convolutional torso of Mnih et al. 2015 (DQN Nature paper).
 
-    Takes ``(B, C, H, W)`` frames; integer frames (uint8) are converted to the
-    parameters' dtype and scaled to [0, 1] on whatever device they arrive on.
+    Takes ``(B, C, H, W)`` in the parameters' dtype, already scaled (:class:`QNetwork`
+    divides 0-255 frames by its ``input_scale`` before the torso).
     """
-
-    # Read by agent.numpy_backend: PyTorch runs this torso, without a warning.
-    numpy_backend_opt_out: ClassVar[str] = "its forward branches on the frames' dtype"
 
     def __init__(
         self,
@@ -77,11 +74,6 @@ class NatureCNN(nn.Module):
         self.out_features = 64 * h * w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = self.convs[0].weight.dtype
-        if not torch.is_floating_point(x):
-            x = x.to(dtype=dtype) / 255.0
-        else:
-            x = x.to(dtype=dtype)
         return self.convs(x)
 
 
@@ -122,7 +114,7 @@ class DataEfficientCNN(nn.Module):
     Each convolution's stride equals its kernel, so it reads disjoint patches: a reshape
     and a matrix product, which is how the numpy backend runs it. Takes ``(B, C, H, W)``
     in the parameters' dtype, already scaled (:class:`QNetwork` divides 0-255 frames by
-    255 before the torso).
+    its ``input_scale`` before the torso).
     """
 
     KERNEL = 5
@@ -244,8 +236,12 @@ class QNetwork(nn.Module):
             ``obs_shape`` (none for vectors, the MinAtar CNN for images under 36x36, the
             Nature CNN otherwise); ``"mlp"`` (vectors), ``"minatar"``
             (:class:`MinAtarCNN`), ``"nature"`` (:class:`NatureCNN`) or ``"der"``
-            (:class:`DataEfficientCNN`, for 0-255 frames: the network divides them by
-            255 before the torso, whatever their dtype).
+            (:class:`DataEfficientCNN`).
+        input_scale: the observations are divided by it (after the cast to the
+            parameters' dtype) before the torso: 255 for 0-255 frames (uint8), which a
+            convolutional torso refuses without one; None: taken as they come. The one
+            place observations are scaled (:func:`agent.train.build_q_network` sets it
+            from the observations' dtype).
         device, dtype: where and in which precision the parameters live.
 
     ``forward`` gives Q values ``(B, n_actions)``, or with ``num_atoms`` N the logits
@@ -266,6 +262,7 @@ class QNetwork(nn.Module):
         v_min: float = -10.0,
         v_max: float = 10.0,
         torso: Torso = "auto",
+        input_scale: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -302,9 +299,9 @@ class QNetwork(nn.Module):
         self.register_buffer("support", support, persistent=False)
         outputs = self.n_actions * self.num_atoms  # per atom: one output per action and atom
 
-        # 0-255 frames scaled to [0, 1] before the torso that takes them (the Nature CNN
-        # still scales uint8 frames itself).
-        self.input_scale = 255.0 if self.torso_name == "der" else None
+        if input_scale is not None and not input_scale > 0:
+            raise ValueError(f"input_scale must be > 0 or None, got {input_scale}")
+        self.input_scale = None if input_scale is None else float(input_scale)
         if self.torso_name == "mlp":
             self.torso: nn.Module = nn.Identity()
             features = obs_shape[0]
@@ -341,10 +338,19 @@ class QNetwork(nn.Module):
         """``obs``: ``(B, *obs_shape)`` on the network's device -> Q values ``(B, n_actions)``,
         or C51 logits ``(B, n_actions, num_atoms)``. Leading axes before ``B`` pass through
         (a stacked network's seed axis)."""
-        if not isinstance(self.torso, NatureCNN):  # the Nature CNN scales uint8 frames itself
-            obs = obs.to(dtype=self._param_dtype())
-            if self.input_scale is not None:
-                obs = obs / self.input_scale
+        if (
+            isinstance(obs, torch.Tensor)  # not a traced proxy: its dtype is known
+            and obs.dtype == torch.uint8
+            and self.input_scale is None
+            and self.torso_name != "mlp"
+        ):
+            raise ValueError(
+                "uint8 frames into a convolutional torso need input_scale=255 (QNetwork("
+                "..., input_scale=255.0)), or the torso would see 0-255 values"
+            )
+        obs = obs.to(dtype=self._param_dtype())
+        if self.input_scale is not None:  # the one place observations are scaled
+            obs = obs / self.input_scale
         x = self.head(self.torso(obs))
         if self.num_atoms == 1:
             if not self.dueling:

@@ -157,9 +157,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_q_network(
-    cfg: Config, obs_shape: tuple[int, ...], n_actions: int, device: torch.device
+    cfg: Config,
+    obs_shape: tuple[int, ...],
+    n_actions: int,
+    device: torch.device,
+    obs_dtype: str = "float32",
 ) -> QNetwork:
-    """The Q-network a config describes (training builds it, evaluation rebuilds it)."""
+    """The Q-network a config describes (training builds it, evaluation rebuilds it);
+    0-255 frames (``obs_dtype`` uint8, images) are divided by 255 before the torso."""
+    frames = obs_dtype == "uint8" and resolve_torso(obs_shape, cfg.torso) != "mlp"
     return QNetwork(
         obs_shape,
         n_actions,
@@ -172,6 +178,7 @@ def build_q_network(
         v_min=cfg.v_min,
         v_max=cfg.v_max,
         torso=cfg.torso,
+        input_scale=255.0 if frames else None,
         device=device,
         dtype=getattr(torch, cfg.dtype),
     )
@@ -198,7 +205,7 @@ def check_observations(cfg: Config, spec: EnvSpec) -> None:
 
 def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
     """Online and target networks, replay, the two selectors and the learner of a run."""
-    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device)
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device, spec.obs_dtype)
     target_network = copy.deepcopy(q_network).requires_grad_(False)  # it never learns
     # Image stacks (C, H, W) of integer frames: each frame stored once (agent/replay/frames.py).
     frames = cfg.frame_replay and len(spec.obs_shape) == 3 and spec.obs_dtype == "uint8"

@@ -118,6 +118,7 @@ def make_case(
             6 if cnn else 2,
             (512,) if cnn else (64, 64),
             noisy_layers="all" if noisy else "none",
+            input_scale=255.0 if cnn else None,  # the uint8 frames of make_obs
         ).to(device)
     pool = make_obs(shape, num_envs, np.random.default_rng(0))
     eager = eager_actor(q_network, device, noisy)

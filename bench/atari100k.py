@@ -161,7 +161,7 @@ def update_ms(n_actions: int, updates: int = 200) -> float:
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
     net = QNetwork((4, 84, 84), n_actions, (256,), torso="der", dueling=True,
-                   noisy_layers="all", sigma0=0.1, num_atoms=51)  # fmt: skip
+                   noisy_layers="all", sigma0=0.1, num_atoms=51, input_scale=255.0)  # fmt: skip
     learner = Learner(net, copy.deepcopy(net).requires_grad_(False), lr=1e-4)
     g = torch.Generator().manual_seed(0)
 

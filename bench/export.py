@@ -48,7 +48,8 @@ def runners(config_of: str, shape: tuple[int, ...], n_actions: int, tmp: Path) -
     """The three ways to get one greedy action, for a freshly initialised network."""
     torch.manual_seed(0)
     cfg = load_config(config_of, overrides={"device": "cpu"})
-    q_network = build_q_network(cfg, shape, n_actions, torch.device("cpu"))
+    dtype = "uint8" if len(shape) == 3 else "float32"  # what make_obs gives
+    q_network = build_q_network(cfg, shape, n_actions, torch.device("cpu"), dtype)
     pool = make_obs(shape, 1, np.random.default_rng(0))
     selector = ActionSelector(q_network, shape, 1, torch.device("cpu"), noise=False)
 

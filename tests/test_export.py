@@ -89,7 +89,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _network(checkpoint: Path) -> QNetwork:
     data = load_checkpoint(checkpoint)
     cfg = config_from_dict(dict(data["config"]), str(checkpoint))
-    q = build_q_network(cfg, tuple(data["obs_shape"]), int(data["n_actions"]), torch.device("cpu"))
+    q = build_q_network(cfg, tuple(data["obs_shape"]), int(data["n_actions"]), torch.device("cpu"),
+                        data["obs_dtype"])  # fmt: skip
     q.load_state_dict(data["q_network"])
     return q
 
@@ -126,7 +127,7 @@ def test_folded_network_is_the_noise_free_network(dueling: bool, dtype: torch.dt
 
 
 def test_fold_stays_on_the_meta_device() -> None:
-    q = QNetwork((4, 36, 36), 3, (32,), dueling=True, device="meta")
+    q = QNetwork((4, 36, 36), 3, (32,), dueling=True, input_scale=255.0, device="meta")
     folded = fold_noise(q)
     assert all(t.device.type == "meta" for t in [*folded.parameters(), *folded.buffers()])
     q_values, action = GreedyPolicy(folded)(

@@ -362,7 +362,8 @@ def test_numpy_updates_equal_autograd_updates_for_the_der_network(noisy: str) ->
     from the online forward, against autograd to 1e-10 in float64."""
     torch.manual_seed(0)
     net = QNetwork((4, 30, 30), 3, (16,), torso="der", dueling=True, noisy_layers=noisy,
-                   num_atoms=11, v_min=-3.0, v_max=3.0, dtype=torch.float64)  # fmt: skip
+                   num_atoms=11, v_min=-3.0, v_max=3.0, input_scale=255.0,
+                   dtype=torch.float64)  # fmt: skip
     a, b = _twin_learners(net, lr=1e-3, noise=noisy == "all")
     assert (a.backend, b.backend) == ("torch", "numpy")
     for i in range(6):
@@ -408,18 +409,33 @@ def test_numpy_update_leaves_the_acting_noise_in_place() -> None:
     assert [b.data_ptr() for b in learner.q_network.buffers()] == pointers
 
 
-def test_auto_backend_is_numpy_for_cpu_mlps_and_autograd_elsewhere() -> None:
+class OptsOut(torch.nn.Module):
+    """A user's network that asks to stay in PyTorch."""
+
+    numpy_backend_opt_out = "it says so"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l1(x)
+
+
+def test_auto_backend_is_numpy_for_cpu_networks_and_autograd_elsewhere() -> None:
     torch.manual_seed(0)
-    cnn = QNetwork((4, 84, 84), 3, (32,))
+    cnn = QNetwork((4, 84, 84), 3, (32,), input_scale=255.0)  # the Nature CNN
+    out = OptsOut()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the expected fallbacks are silent
         assert _learner().backend == "numpy"
+        assert Learner(cnn, copy.deepcopy(cnn), lr=1e-3).backend == "numpy"
         assert _learner("meta").backend == "torch"
         assert _learner(dtype=torch.bfloat16).backend == "torch"
-        assert Learner(cnn, copy.deepcopy(cnn), lr=1e-3).backend == "torch"
+        assert Learner(out, copy.deepcopy(out), lr=1e-3).backend == "torch"
         assert _learner(backend="torch").backend == "torch"
-    with pytest.raises(ValueError, match=r"numpy learner backend cannot run QNetwork \(NatureCNN"):
-        Learner(cnn, copy.deepcopy(cnn), lr=1e-3, backend="numpy")
+    with pytest.raises(ValueError, match=r"numpy learner backend cannot run OptsOut \(OptsOut"):
+        Learner(out, copy.deepcopy(out), lr=1e-3, backend="numpy")
     with pytest.raises(ValueError, match="backend must be"):
         _learner(backend="jax")
 

@@ -20,15 +20,16 @@ CONFIGS = [
     {"obs_shape": (4,), "hidden_sizes": (16, 16)},
     {"obs_shape": (4,), "hidden_sizes": (16, 16), "dueling": True},
     {"obs_shape": (4,), "hidden_sizes": (16,), "dueling": True},
-    {"obs_shape": (2, 36, 36), "hidden_sizes": (32,)},
-    {"obs_shape": (2, 36, 36), "hidden_sizes": (32,), "dueling": True},
+    {"obs_shape": (2, 36, 36), "hidden_sizes": (32,), "input_scale": 255.0},
+    {"obs_shape": (2, 36, 36), "hidden_sizes": (32,), "dueling": True, "input_scale": 255.0},
     {"obs_shape": (4, 10, 10), "hidden_sizes": (32,)},  # the MinAtar CNN
     {"obs_shape": (3, 7, 5), "hidden_sizes": (8,), "dueling": True},
     {"obs_shape": (4,), "hidden_sizes": (16, 16), "dueling": True, "dueling_streams": "linear"},
     # Revisiting Rainbow's MinAtar network: the streams read the convolution's features.
     {"obs_shape": (4, 10, 10), "hidden_sizes": (), "dueling": True, "dueling_streams": "linear"},
     # Data-efficient Rainbow's torso.
-    {"obs_shape": (4, 84, 84), "hidden_sizes": (16,), "dueling": True, "torso": "der"},
+    {"obs_shape": (4, 84, 84), "hidden_sizes": (16,), "dueling": True, "torso": "der",
+     "input_scale": 255.0},
 ]
 
 
@@ -139,11 +140,20 @@ def test_noise_changes_output_unless_disabled() -> None:
         torch.testing.assert_close(net(x), z1, rtol=0, atol=0)
 
 
-def test_uint8_frames_are_scaled_on_the_device() -> None:
-    net = QNetwork((2, 36, 36), 2, (8,))
+def test_frames_are_divided_by_the_input_scale_and_refused_without_one() -> None:
+    net = QNetwork((2, 36, 36), 2, (8,), input_scale=255.0)
+    plain = QNetwork((2, 36, 36), 2, (8,))
+    plain.load_state_dict(net.state_dict())
     frames = torch.randint(0, 256, (3, 2, 36, 36), dtype=torch.uint8)
-    with noise_disabled(net):
-        torch.testing.assert_close(net(frames), net(frames.float() / 255.0))
+    with noise_disabled(net), noise_disabled(plain):
+        # the same float ops as dividing first: bit for bit
+        assert torch.equal(net(frames), plain(frames.float() / 255.0))
+        with pytest.raises(ValueError, match="uint8 frames into a convolutional torso need"):
+            plain(frames)  # 0-255 values would go in unscaled
+    vectors = QNetwork((4,), 2, (8,))  # an MLP takes uint8 vectors as numbers
+    assert vectors(torch.zeros(1, 4, dtype=torch.uint8)).shape == (1, 2)
+    with pytest.raises(ValueError, match="input_scale must be > 0"):
+        QNetwork((4,), 2, input_scale=0.0)
 
 
 def test_target_copy_is_independent() -> None:
@@ -187,7 +197,7 @@ def test_no_host_sync_in_reset_and_forward() -> None:
 
 
 def test_gradients_reach_every_parameter() -> None:
-    net = QNetwork((2, 36, 36), 3, (8,), dueling=True)
+    net = QNetwork((2, 36, 36), 3, (8,), dueling=True, input_scale=255.0)
     q = net(_obs((2, 36, 36), 4))
     # A random weighting: a plain sum would cancel the mean-subtracted advantages.
     (q * torch.randn_like(q)).sum().backward()
@@ -211,8 +221,9 @@ def test_small_images_get_minatars_torso_and_large_ones_the_nature_cnn() -> None
         torch.testing.assert_close(small(grids), small(grids.float()))
 
 
-def test_the_der_torso_is_two_patch_convolutions_and_scales_frames_itself() -> None:
-    net = QNetwork((4, 84, 84), 6, (256,), torso="der", dueling=True, noisy_layers="all")
+def test_the_der_torso_is_two_patch_convolutions_over_scaled_frames() -> None:
+    net = QNetwork((4, 84, 84), 6, (256,), torso="der", dueling=True, noisy_layers="all",
+                   input_scale=255.0)  # fmt: skip
     assert isinstance(net.torso, DataEfficientCNN) and net.torso.out_features == 576
     c1, c2 = net.torso.convs[0], net.torso.convs[2]
     assert (c1.in_channels, c1.out_channels, c1.kernel_size, c1.stride) == (4, 32, (5, 5), (5, 5))
@@ -222,7 +233,7 @@ def test_the_der_torso_is_two_patch_convolutions_and_scales_frames_itself() -> N
     ]  # fmt: skip
     frames = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
     with noise_disabled(net):
-        # 0-255 frames in any dtype are divided by 255 before the torso
+        # 0-255 frames in any dtype are divided by input_scale before the torso
         torch.testing.assert_close(net(frames), net(frames.float()))
         features = net.torso(frames.float() / 255.0)
         value, adv = net.value(features), net.advantage(features)

@@ -130,7 +130,7 @@ def test_gradients_equal_autograd_for_the_der_network(
     scaled) and its dueling heads, to 1e-10 in float64; trailing rows and columns dropped."""
     torch.manual_seed(0)
     net = QNetwork(shape, 5, (16,), torso="der", dueling=True, noisy_layers=noisy,
-                   num_atoms=num_atoms, dtype=torch.float64)  # fmt: skip
+                   num_atoms=num_atoms, input_scale=255.0, dtype=torch.float64)  # fmt: skip
     reset_noise(net)
     set_noise(net, noise)
     _check_against_autograd(net, shape, frames=True)
@@ -181,8 +181,8 @@ def test_gradients_equal_autograd_around_patch_convolutions(module: type) -> Non
 def test_a_program_takes_the_input_stage_of_another_with_the_same_key() -> None:
     """The learner's target network reads next_obs's patches from the online forward."""
     torch.manual_seed(0)
-    online = QNetwork((4, 30, 30), 3, (8,), torso="der", dtype=torch.float64)
-    target = QNetwork((4, 30, 30), 3, (8,), torso="der", dtype=torch.float64)
+    online = QNetwork((4, 30, 30), 3, (8,), torso="der", input_scale=255.0, dtype=torch.float64)
+    target = QNetwork((4, 30, 30), 3, (8,), torso="der", input_scale=255.0, dtype=torch.float64)
     a, b = NumpyProgram.build(online), NumpyProgram.build(target)
     assert a.input_key == b.input_key
     x = np.random.default_rng(0).integers(0, 256, (6, 4, 30, 30), dtype=np.uint8)
@@ -290,6 +290,19 @@ def test_parameters_are_live_views() -> None:
         program.backward(np.ones((2, 4)))
 
 
+class OptsOut(nn.Module):
+    """A module that asks to stay in PyTorch (``numpy_backend_opt_out``)."""
+
+    numpy_backend_opt_out = "it says so"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l1(x)
+
+
 class MeanOverBatch(nn.Module):
     def __init__(self, dim: int = 0) -> None:
         super().__init__()
@@ -332,8 +345,7 @@ class Branching(nn.Module):
 @pytest.mark.parametrize(
     ("make", "error", "reason"),
     [
-        (lambda: QNetwork((4, 84, 84), 3, (32,)), NotApplicable,
-         "QNetwork (NatureCNN at torso opts out"),
+        (OptsOut, NotApplicable, "OptsOut (OptsOut opts out: it says so)"),
         (MeanOverBatch, Unsupported, "MeanOverBatch (mean over dim=0 at node mean)"),
         (lambda: MeanOverBatch(-2), Unsupported, "MeanOverBatch (mean over dim=-2 at node mean)"),
         (Sorted, Unsupported, "Sorted (call_function sort at node sort)"),
@@ -384,8 +396,10 @@ def test_compiled_or_none_says_each_reason_once_and_expected_cases_never() -> No
         for _ in range(3):
             assert compiled(NormedOnce()) is None
         assert compiled(QNetwork((5,), 3, (8,)).to("meta")) is None
-        assert compiled(QNetwork((4, 84, 84), 3, (32,))) is None
+        assert compiled(OptsOut()) is None
         assert isinstance(compiled(QNetwork((5,), 3, (8,))), NumpyProgram)
+        assert isinstance(compiled(QNetwork((4, 84, 84), 3, (32,), input_scale=255.0)),
+                          NumpyProgram)  # the Nature CNN compiles  # fmt: skip
     reason = "NormedOnce (module LayerNorm at body.1)"
     assert [(w.category, str(w.message)) for w in said] == [
         (RuntimeWarning, f"the numpy backend cannot compile {reason}; PyTorch runs it")

@@ -943,17 +943,6 @@ def test_the_learner_backend_is_a_config_key_and_the_one_that_ran_is_recorded(
     assert [h["learner_backend"].string_value for h in hparams if "learner_backend" in h] == [ran]
 
 
-def test_the_numpy_learner_backend_on_a_network_it_cannot_compile_is_a_one_line_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    # 36x36 frames get the Nature CNN, which stays in PyTorch.
-    code = cli.main(["--env", "envs.testing:NoisyDQN/Frames-v0", "--run-dir", str(tmp_path / "r"),
-                     "--set", "learner_backend=numpy"])  # fmt: skip
-    err = capsys.readouterr().err
-    _one_line_error(code, err, "numpy learner backend cannot run QNetwork (NatureCNN at torso")
-    assert err.strip().endswith("--set learner_backend=auto")
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_numpy_learner_backend_on_cuda_is_a_one_line_error(

@@ -6,9 +6,9 @@ and hand-written gradients, from one op table (``ops.py``) and its layers
 Everything else in the agent uses only the names below; whatever does not compile stays
 in PyTorch, and is said once (``compiled_or_none``). The networks expected to stay in
 PyTorch, without a word: any on another device than the CPU or in another dtype than
-float32/float64, and the Nature CNN (it opts out: its forward branches on the frames'
-dtype, which ``torch.fx`` cannot trace). Every MLP and MinAtar CNN that ``QNetwork``
-builds compiles.
+float32/float64, and a module that opts out (a ``numpy_backend_opt_out`` class
+attribute). Every network ``QNetwork`` builds compiles: MLPs, the MinAtar, Nature and
+data-efficient Rainbow CNNs.
 """
 
 from agent.numpy_backend.acting import NumpyForward

@@ -21,7 +21,7 @@ float64 parameters on the CPU.
 
 What does not compile is said, never hidden: ``build`` raises :class:`NotApplicable`
 for a module the backend does not run on (another device, another dtype, a module that
-opts out with a ``numpy_backend_opt_out`` class attribute, as the Nature CNN does) and
+opts out with a ``numpy_backend_opt_out`` class attribute) and
 :class:`Unsupported` for a part outside the list above (control flow on values, another
 op), naming the module and the node; any other exception is a bug of the compiler and
 propagates. :func:`compiled_or_none` is how a caller falls back to PyTorch: silently
