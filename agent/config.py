@@ -283,31 +283,21 @@ class Config:
         """Raise :class:`UserError` on the first invalid value, naming the ``--set`` that
         fixes it (with the value of ``defaults``: the env's config before the user's
         files and flags); return self."""
+        check = _Checks(self, defaults)
+        self._validate_run_and_network(check)
+        self._validate_learning(check)
+        self._validate_evaluation(check)
+        return self
 
-        def need(ok: bool, what: str, fix: str) -> None:
-            if not ok:
-                raise UserError(f"invalid config: {what}: {fix}")
-
-        def default(name: str) -> str:
-            value = getattr(defaults or Config(), name)
-            text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-            return f"--set {name}={text}"
-
-        def at_least(name: str, low: float) -> None:
-            value = getattr(self, name)
-            need(value >= low, f"{name} must be >= {low}, got {value}", default(name))
-
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            need(value > 0, f"{name} must be > 0, got {value}", default(name))
-
+    def _validate_run_and_network(self, check: _Checks) -> None:
+        need, at_least, default = check.need, check.at_least, check.default
         need(
             "render_mode" not in self.env_kwargs,
             "env_kwargs cannot set render_mode (--video chooses it)",
             "remove it from env_kwargs",
         )
         at_least("seed", 0)
-        positive("total_steps")
+        check.positive("total_steps")
         at_least("num_envs", 1)
         at_least("torch_threads", 1)
         need(
@@ -340,6 +330,10 @@ class Config:
             "exploration=noisy needs noisy layers",
             "--set noisy_layers=all (or last), or --set exploration=epsilon",
         )
+
+    def _validate_learning(self, check: _Checks) -> None:
+        need, at_least, positive = check.need, check.at_least, check.positive
+        default = check.default
         at_least("buffer_size", 1)
         at_least("batch_size", 1)
         need(
@@ -396,6 +390,9 @@ class Config:
         )
         at_least("target_update_interval", 1)
         need(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}", default("tau"))
+
+    def _validate_evaluation(self, check: _Checks) -> None:
+        need, at_least = check.need, check.at_least
         at_least("eval_interval", 0)
         at_least("eval_episodes", 1)
         at_least("confirm_episodes", 0)
@@ -407,16 +404,41 @@ class Config:
         need(
             0 <= self.eval_epsilon <= 1,
             f"eval_epsilon must be in [0, 1], got {self.eval_epsilon}",
-            default("eval_epsilon"),
+            check.default("eval_epsilon"),
         )
         at_least("eval_envs", 1)
         at_least("confirm_z", 0)
         at_least("log_interval", 1)
         at_least("checkpoint_interval", 1)
-        return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+class _Checks:
+    """What :meth:`Config.validate` checks with: each failure one :class:`UserError` line
+    naming the ``--set`` that fixes it (``defaults``: the env's config before the user's
+    files and flags)."""
+
+    def __init__(self, cfg: Config, defaults: Config | None) -> None:
+        self.cfg, self.defaults = cfg, defaults
+
+    def need(self, ok: bool, what: str, fix: str) -> None:
+        if not ok:
+            raise UserError(f"invalid config: {what}: {fix}")
+
+    def default(self, name: str) -> str:
+        value = getattr(self.defaults or Config(), name)
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        return f"--set {name}={text}"
+
+    def at_least(self, name: str, low: float) -> None:
+        value = getattr(self.cfg, name)
+        self.need(value >= low, f"{name} must be >= {low}, got {value}", self.default(name))
+
+    def positive(self, name: str) -> None:
+        value = getattr(self.cfg, name)
+        self.need(value > 0, f"{name} must be > 0, got {value}", self.default(name))
 
 
 def config_reference() -> str:

@@ -225,7 +225,7 @@ def test_episode_noise_is_held_for_each_episode(
 ) -> None:
     """noise_interval=episode: every action of an episode uses one noise sample, learner
     updates in between notwithstanding, and each episode (terminated or truncated) a new one."""
-    import agent.train
+    import agent.setup
     from agent.acting import ActionSelector
     from agent.noisy import noisy_layers
 
@@ -238,7 +238,7 @@ def test_episode_noise_is_held_for_each_episode(
                 held.append([b.clone() for m in noisy_layers(self.q_network) for b in m.buffers()])
             return actions
 
-    monkeypatch.setattr(agent.train, "ActionSelector", Recording)
+    monkeypatch.setattr(agent.setup, "ActionSelector", Recording)
     overrides = {
         **SHORT,
         "total_steps": 10 * length,
@@ -271,7 +271,7 @@ def test_noisy_exploration_replaces_actions_with_noisy_epsilon_after_the_warm_up
     replaced by a uniform one with probability noisy_epsilon (so it differs from the net's
     choice with probability noisy_epsilon / 2 on two actions); 0 leaves the net's choices.
     Replay is told which actions were replaced (they end the n-step returns before them)."""
-    import agent.train
+    import agent.setup
     from agent.acting import ActionSelector
 
     chosen: list[int] = []  # the noisy net's action at each training step
@@ -285,15 +285,15 @@ def test_noisy_exploration_replaces_actions_with_noisy_epsilon_after_the_warm_up
                 chosen.extend(actions.tolist())
             return actions
 
-    class RecordingReplay(agent.train.ReplayBuffer):
+    class RecordingReplay(agent.setup.ReplayBuffer):
         def add(self, obs, actions, *rest) -> None:  # type: ignore[no-untyped-def]
             played.extend(np.asarray(actions).tolist())
             explored = rest[-1]
             marked.extend([False] * len(actions) if explored is None else explored.tolist())
             super().add(obs, actions, *rest)
 
-    monkeypatch.setattr(agent.train, "ActionSelector", Recording)
-    monkeypatch.setattr(agent.train, "ReplayBuffer", RecordingReplay)
+    monkeypatch.setattr(agent.setup, "ActionSelector", Recording)
+    monkeypatch.setattr(agent.setup, "ReplayBuffer", RecordingReplay)
     overrides = {**SHORT, "total_steps": 3_000, "random_starts": 500, "eval_interval": 0,
                  "noisy_epsilon": noisy_epsilon}  # fmt: skip
     cfg = load_config("envs.testing:NoisyDQN/Cue-v0", overrides=overrides)
@@ -959,13 +959,13 @@ def test_a_captured_update_trains_the_same_run_as_eager_updates(
     # On CUDA with capture_graph the update is a replayed graph; on the CPU the capture
     # seam's eager stand-in runs the same orchestration: copy into static buffers,
     # replay, host counters, and a capture that leaves no trace.
-    import agent.train as train_module
+    import agent.setup as setup_module
     from agent.acting.graph import capture_eager
 
     overrides = {**SHORT, "total_steps": 1_500, "learner_backend": "torch", "save_buffer": True}
     cfg = load_config("CartPole-v1", overrides=overrides)
     eager = train(cfg, tmp_path / "eager", progress=False, echo=lambda _: None)
-    monkeypatch.setattr(train_module, "update_capture", lambda device, on: capture_eager)
+    monkeypatch.setattr(setup_module, "update_capture", lambda device, on: capture_eager)
     captured = train(cfg, tmp_path / "captured", progress=False, echo=lambda _: None)
     assert captured.eval_curve == eager.eval_curve
     assert captured.updates == eager.updates

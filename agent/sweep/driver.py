@@ -340,17 +340,10 @@ def _stacks(trial: Trial) -> bool:
 
 
 def _drive(
-    ray: Any,
-    sweep_dir: Path,
-    manifest: dict[str, Any],
-    todo: list[Trial],
-    retries: int,
-    trials_fn: Callable[..., list[dict[str, Any]]],
-    display: _Display,
-    failed: dict[str, str],
-    stop_grace_s: float,
-    on_done: Callable[[Trial], None] | None = None,
-) -> bool:
+    ray: Any, sweep_dir: Path, manifest: dict[str, Any], todo: list[Trial], retries: int,
+    trials_fn: Callable[..., list[dict[str, Any]]], display: _Display, failed: dict[str, str],
+    stop_grace_s: float, on_done: Callable[[Trial], None] | None = None,
+) -> bool:  # fmt: skip
     """Submit tasks as CPUs free up, collect results, retry crashes. True if interrupted."""
     remote = ray.remote(num_cpus=1, max_retries=0)(trials_fn)
     capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -1,0 +1,371 @@
+"""A run's set-up, beside the training loop (``agent/train.py``): the config checked
+against its env, then turned into components (networks, replay, selectors, learner,
+exploration policy, augmentation, random streams), restored from a checkpoint when the
+run resumes. The config is read here; the components take plain values."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from threadpoolctl import threadpool_limits
+
+from agent import streams
+from agent.acting import ActionSelector
+from agent.acting.graph import CaptureFn, capture_cuda_graph
+from agent.augment import RandomShift, make_augment
+from agent.checkpoint import restore_training
+from agent.config import Config
+from agent.episodes import Episodes
+from agent.errors import UserError
+from agent.exploration import Exploration
+from agent.learner import CapturedUpdate, Learner
+from agent.networks import QNetwork, resolve_torso
+from agent.replay import Batch, FrameReplayBuffer, Replay, ReplayBuffer, choose_storage
+from agent.tracking import require_wandb
+from envs import EnvSpec, inspect_env, make_env, make_vector_env
+
+__all__ = [
+    "Agent",
+    "Counters",
+    "Run",
+    "build_agent",
+    "build_q_network",
+    "check_observations",
+    "close_quietly",
+    "hold_run_dir",
+    "learner_settings",
+    "prepare_run",
+    "resolve_device",
+    "seed_everything",
+    "update_capture",
+]
+
+
+@dataclass
+class Counters:
+    """The loop's counters, saved in every checkpoint."""
+
+    global_step: int = 0
+    episodes: int = 0
+    eval_round: int = 0
+    best_eval: float | None = None
+    solved_step: int | None = None
+    learning_starts: int = 0
+    """Env step from which updates run: ``learning_starts``, pushed back by a resume
+    whose checkpoint had no replay buffer (the buffer refills first)."""
+    updates_before: int = 0
+    """Learner updates done before ``learning_starts`` (the updates of earlier pieces)."""
+
+    def updates_due(self, train_freq: int) -> int:
+        """Updates that should have run by ``global_step``: one per ``train_freq`` steps."""
+        return self.updates_before + (self.global_step - self.learning_starts) // train_freq + 1
+
+@dataclass
+class Agent:
+    """The parts of a run, built from a config by :func:`build_agent`."""
+
+    q_network: QNetwork
+    target_network: QNetwork
+    replay: Replay
+    selector: ActionSelector
+    """Acting: greedy on the noisy net (or on the mean weights, for epsilon-greedy)."""
+    greedy: ActionSelector
+    """Evaluation: greedy on the mean weights, one action per evaluation env."""
+    learner: Learner
+    update: Callable[[Batch], torch.Tensor]
+    """``learner.update``, or on CUDA with ``capture_graph`` the same captured as a graph:
+    a batch in, its per-sample errors out (for prioritized replay)."""
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; a CUDA request without CUDA is a user error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available here; use --device cpu or auto")
+    return device
+
+def build_q_network(
+    cfg: Config,
+    obs_shape: tuple[int, ...],
+    n_actions: int,
+    device: torch.device,
+    obs_dtype: str = "float32",
+) -> QNetwork:
+    """The Q-network a config describes (training builds it, evaluation rebuilds it);
+    0-255 frames (``obs_dtype`` uint8, images) are divided by 255 before the torso."""
+    frames = obs_dtype == "uint8" and resolve_torso(obs_shape, cfg.torso) != "mlp"
+    return QNetwork(
+        obs_shape,
+        n_actions,
+        cfg.hidden_sizes,
+        noisy_layers=cfg.noisy_layers,
+        sigma0=cfg.sigma0,
+        dueling=cfg.dueling,
+        dueling_streams=cfg.dueling_streams,
+        num_atoms=cfg.num_atoms if cfg.distributional else 1,
+        v_min=cfg.v_min,
+        v_max=cfg.v_max,
+        torso=cfg.torso,
+        input_scale=255.0 if frames else None,
+        device=device,
+        dtype=getattr(torch, cfg.dtype),
+    )
+
+def check_observations(cfg: Config, spec: EnvSpec) -> None:
+    """A :class:`UserError` for a torso or an augmentation that does not fit the env's
+    observations."""
+    try:
+        torso = resolve_torso(spec.obs_shape, cfg.torso)
+    except ValueError as e:
+        raise UserError(f"invalid config: {e}: --set torso=auto") from None
+    if torso == "der" and spec.obs_dtype != "uint8":
+        raise UserError(
+            f"invalid config: torso der takes frames of 0-255 (uint8), and {cfg.env_id} "
+            f"gives {spec.obs_dtype} images: --set torso=auto"
+        )
+    if cfg.augment != "none" and len(spec.obs_shape) != 3:
+        raise UserError(
+            f"invalid config: augment {cfg.augment} moves images, and {cfg.env_id} gives "
+            f"vectors of shape {spec.obs_shape}: --set augment=none"
+        )
+
+def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
+    """Online and target networks, replay, the two selectors and the learner of a run."""
+    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device, spec.obs_dtype)
+    target_network = copy.deepcopy(q_network).requires_grad_(False)  # it never learns
+    # Image stacks (C, H, W) of integer frames: each frame stored once (agent/replay/frames.py).
+    frames = cfg.frame_replay and len(spec.obs_shape) == 3 and spec.obs_dtype == "uint8"
+    float_dtype = getattr(torch, cfg.dtype)
+    size = ReplayBuffer.storage_bytes(cfg.buffer_size, spec.obs_shape, np.dtype(spec.obs_dtype),
+                                      float_dtype)  # fmt: skip
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    try:
+        storage = choose_storage(cfg.replay_storage, device, frames, size, free)
+    except ValueError as e:
+        raise UserError(f"invalid config: {e}") from None
+    try:
+        replay = (FrameReplayBuffer if frames else ReplayBuffer)(
+            cfg.buffer_size,
+            spec.obs_shape,
+            np.dtype(spec.obs_dtype),
+            device=device,
+            storage_device=storage,
+            n_step=cfg.n_step,
+            gamma=cfg.gamma,
+            num_envs=cfg.num_envs,
+            float_dtype=float_dtype,
+            alpha=cfg.priority_alpha if cfg.prioritized_replay else None,
+            priority_eps=cfg.priority_eps,
+        )
+    except ValueError as e:
+        raise UserError(f"invalid config: {e}") from None
+    # Acting on the noisy net (the exploration policy says when its noise is drawn) or, for
+    # epsilon-greedy, on the mean weights.
+    selector = ActionSelector(
+        q_network,
+        spec.obs_shape,
+        cfg.num_envs,
+        device,
+        noise=cfg.exploration == "noisy",
+        capture_graph=cfg.capture_graph,
+    )
+    greedy = ActionSelector(
+        q_network, spec.obs_shape, eval_envs, device, noise=False, capture_graph=cfg.capture_graph
+    )
+    try:
+        learner = Learner(
+            q_network, target_network, **learner_settings(cfg), backend=cfg.learner_backend
+        )
+    except ValueError as e:  # learner_backend numpy where it does not apply or compile
+        raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
+    capture = update_capture(device, cfg.capture_graph)
+    update = learner.update if capture is None else CapturedUpdate(learner, capture)
+    return Agent(q_network, target_network, replay, selector, greedy, learner, update)
+
+def learner_settings(cfg: Config) -> dict[str, Any]:
+    """The learner's settings in a config (``Learner`` and ``SeedLearner`` take them alike);
+    epsilon-greedy learns on the mean weights too (``noise``)."""
+    keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau")
+    return {k: getattr(cfg, k) for k in (*keys, "update_noise")} | {
+        "noise": cfg.exploration == "noisy"
+    }
+
+def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | None:
+    """How the learner update is captured: as a CUDA graph on CUDA with ``capture_graph``,
+    else not at all (eager updates)."""
+    return capture_cuda_graph if capture_graph and device.type == "cuda" else None
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+@dataclass
+class Run:
+    """What :func:`train` sets up before its loop (:func:`prepare_run`)."""
+
+    cfg: Config
+    spec: EnvSpec
+    run_dir: Path
+    ran: dict[str, Any]
+    """The config as it ran (``learner_backend`` resolved), for config.yaml and hparams."""
+    envs: Any
+    eval_envs: list[Any]
+    agent: Agent
+    episodes: Episodes
+    counters: Counters
+    eval_curve: list[tuple[int, float]]
+    obs: np.ndarray
+    """The first observations: fresh episodes, or the resumed ones replayed exactly."""
+    sample_generator: torch.Generator
+    exploration: Exploration
+    target_return: float | None
+    wall_before: float
+    """Wall seconds of the run's earlier pieces (a resume), for result.json."""
+    augment: RandomShift | None = None
+    """The augmentation of the replay batches (``augment``), or None."""
+
+    @property
+    def resumable(self) -> dict[str, Any]:
+        """What a checkpoint saves and a resume restores, besides the online network."""
+        return {
+            "target_network": self.agent.target_network,
+            "learner": self.agent.learner,
+            "sample_generator": self.sample_generator,
+            "exploration": self.exploration,
+            "selector": self.agent.selector,
+            "augment": self.augment,
+        }
+
+def prepare_run(
+    cfg: Config,
+    run_dir: Path,
+    checkpoint: dict[str, Any] | None,
+    cleanup: contextlib.ExitStack,
+    echo: Any,
+) -> Run:
+    """Check the config against the env, then build everything a run needs (environments,
+    agent, random streams), restored from ``checkpoint`` when resuming. What must be
+    closed goes on ``cleanup``."""
+    # User errors (bad id, spaces, env_kwargs, a torso or augmentation that does not fit)
+    # before anything is written.
+    spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
+    check_observations(cfg, spec)
+    if cfg.track:
+        require_wandb()
+    device = resolve_device(cfg.device)
+    try:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        hold_run_dir(run_dir, cleanup)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as e:
+        raise UserError(
+            f"cannot write the run directory {run_dir} ({e.strerror}): pass a writable --run-dir"
+        ) from None
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.torch_threads)
+        # Denormal Adam moments of dead units are slow on a CPU; flushing them changes nothing.
+        torch.set_flush_denormal(True)
+        # numpy's BLAS gets torch's threads: a thread per core is many times slower beside
+        # other busy processes, and train() may run where numpy was imported first.
+        cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
+    seed_everything(cfg.seed)
+    envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
+    cleanup.callback(close_quietly, envs)
+    # Evaluation plays up to eval_envs episodes at once on its own env copies.
+    episodes = max(cfg.eval_episodes, cfg.final_episodes or cfg.confirm_episodes)
+    eval_envs = [
+        make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
+        for _ in range(min(cfg.eval_envs, episodes))
+    ]
+    cleanup.callback(close_quietly, *eval_envs)
+    agent = build_agent(cfg, spec, device, len(eval_envs))
+    ran = cfg.to_dict() | {"learner_backend": agent.learner.backend}
+    if device.type == "cuda":  # where replay_storage auto put the buffer
+        ran["replay_storage"] = "device" if agent.replay.storage_device.type == "cuda" else "pinned"
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
+    sample_generator = torch.Generator(device=agent.replay.generator_device).manual_seed(cfg.seed)
+    exploration = Exploration(
+        cfg.exploration, spec.n_actions, np.random.default_rng([cfg.seed, streams.EXPLORATION]),
+        total_steps=cfg.total_steps, random_starts=cfg.random_starts,
+        noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
+        epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
+        noise_interval=cfg.noise_interval, noise_on_repeat=cfg.noise_on_repeat,
+    )  # fmt: skip
+    episodes = Episodes(cfg.num_envs, cfg.seed, watch_repeats=exploration.watches_repeats)
+    run = Run(
+        cfg, spec, run_dir, ran, envs, eval_envs, agent, episodes,
+        Counters(learning_starts=cfg.learning_starts), [], np.empty(0), sample_generator,
+        exploration, spec.reward_threshold if cfg.target_return is None else cfg.target_return,
+        0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
+        make_augment(cfg.augment, agent.replay.device, cfg.seed),
+    )  # fmt: skip
+    if checkpoint is None:
+        run.obs = episodes.reset(envs)
+    else:
+        run.eval_curve = restore_training(
+            checkpoint, q_network=agent.q_network, replay=agent.replay, **run.resumable
+        )
+        run.counters = Counters(**checkpoint["counters"])
+        if "replay" not in checkpoint:
+            # The buffer starts empty: fill it again before learning, as a new run does.
+            run.counters.learning_starts = run.counters.global_step + cfg.learning_starts
+            run.counters.updates_before = agent.learner.updates
+        run.obs = episodes.restore(envs, checkpoint["envs"], echo)
+    if cfg.terminal_on_life_loss and episodes.lives is None:
+        raise UserError(
+            f"terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
+            f"{cfg.env_id} does not: --set terminal_on_life_loss=false"
+        )
+    return run
+
+def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> None:
+    """Hold ``run_dir`` for this process until ``cleanup`` closes (an advisory lock on
+    ``run_dir/.lock``, which the OS drops when the process dies, even by SIGKILL).
+
+    A second process training into the same directory, a ``--resume`` of a run still
+    going included, would overwrite its checkpoints and results: it is refused instead
+    (UserError). Where the OS has no ``fcntl`` (Windows) nothing is held.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        raise UserError(
+            f"{run_dir} is being trained by {f'process {pid}' if pid else 'another process'}: "
+            "wait for it to end (a second run there would overwrite its checkpoints), or "
+            "pass another --run-dir"
+        ) from None
+    except OSError:  # a file system without locks (some NFS mounts): train unguarded
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    cleanup.callback(os.close, fd)  # closing it releases the lock
+
+def close_quietly(*things: Any) -> None:
+    """``close()`` each, ignoring their errors: the error being raised, if any, matters more."""
+    for thing in things:
+        if thing is None:
+            continue
+        try:
+            thing.close()
+        except Exception:
+            pass
