@@ -108,17 +108,6 @@ REVISITING_RAINBOW = {
 }
 
 
-def paired_ci(a: list[float], b: list[float], reps: int = 50_000) -> tuple[float, float, float]:
-    """Mean of a - b over seeds (paired) and its 95% percentile bootstrap CI."""
-    import numpy as np
-
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    rng = np.random.default_rng(0)
-    means = d[rng.integers(0, d.size, size=(reps, d.size))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(d.mean()), float(lo), float(hi)
-
-
 def merge_results(parts: list[dict], games: list[str]) -> dict:
     """Several ``--json`` files (say, one per session's seeds) as one: each game's runs in
     file order, so the noisy and epsilon-greedy lists stay paired seed by seed."""
@@ -162,7 +151,7 @@ def finished_or_resumed(run_dir: Path) -> dict | None:
 
 
 def learn(args: argparse.Namespace) -> int:
-    from agent.sweep import bootstrap_ci, iqm
+    from agent.sweep.stats import bootstrap_ci, difference_ci, iqm
     from bench.suite import plot
 
     games = args.games.split(",")
@@ -192,7 +181,7 @@ def learn(args: argparse.Namespace) -> int:
             finals[agent] = f
             lo, hi = bootstrap_ci(f)
             cells.append(f"{statistics.median(f):.1f} ({iqm(f):.1f} [{lo:.1f}, {hi:.1f}])")
-        mean, lo, hi = paired_ci(finals["noisy"], finals["epsilon"])
+        mean, lo, hi = difference_ci(finals["noisy"], finals["epsilon"], paired=True)
         one, five = PAPER_DQN[game]
         ok = statistics.median(finals["noisy"]) >= five
         reached += ok
@@ -246,7 +235,7 @@ def run_arms(
 def rainbow(args: argparse.Namespace) -> int:
     """The rainbow preset, the preset without noisy nets and today's default, on the five
     games, beside Revisiting Rainbow's 10M-frame figures."""
-    from agent.sweep import bootstrap_ci, iqm
+    from agent.sweep.stats import bootstrap_ci, difference_ci, iqm
     from bench.suite import plot
 
     games = args.games.split(",")
@@ -295,7 +284,7 @@ def rainbow(args: argparse.Namespace) -> int:
             if not finals[other]:
                 diffs.append("—")
                 continue
-            mean, lo, hi = paired_ci(finals["rainbow"], finals[other])
+            mean, lo, hi = difference_ci(finals["rainbow"], finals[other], paired=True)
             diffs.append(f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]")
             if other == "rainbow-no-noise":
                 noise_verdicts.append("ahead" if lo > 0 else "behind" if hi < 0 else "level")

@@ -66,8 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import env_config_file, load_config, presets
-from agent.sweep import bootstrap_ci, iqm
-from agent.sweep.stats import iqm_rows
+from agent.sweep.stats import bootstrap_ci, difference_ci, iqm
 from bench.cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
 from bench.cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
 
@@ -156,20 +155,6 @@ def first_reach(curve: list, threshold: float) -> float:
     return next((float(step) for step, value in curve if value >= threshold), math.inf)
 
 
-def _bootstrap_diff(a: list[float], b: list[float], statistic, reps: int = 50_000,
-                    seed: int = 0) -> tuple[float, float]:
-    """95% percentile bootstrap CI of statistic(a) - statistic(b), each resampled alone."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    sa = xa[rng.integers(0, xa.size, size=(reps, xa.size))]
-    sb = xb[rng.integers(0, xb.size, size=(reps, xb.size))]
-    diff = statistic(sa) - statistic(sb)
-    lo, hi = np.percentile(diff, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def compare(threshold: float | None, noisy: list[dict], epsilon: list[dict]) -> dict:
     """Does the noisy agent do at least as well as its epsilon-greedy ablation?
 
@@ -181,14 +166,14 @@ def compare(threshold: float | None, noisy: list[dict], epsilon: list[dict]) -> 
     fn = [r["final_eval_return"] for r in noisy]
     fe = [r["final_eval_return"] for r in epsilon]
     out: dict = {"iqm": (iqm(fn), iqm(fe)), "iqm_diff": iqm(fn) - iqm(fe),
-                 "iqm_diff_ci": _bootstrap_diff(fn, fe, iqm_rows)}
+                 "iqm_diff_ci": difference_ci(fn, fe, "iqm")[1:]}
     behind, significant, ahead = [], [], []
     if threshold is not None:
         sn = [float(f >= threshold) for f in fn]
         se = [float(f >= threshold) for f in fe]
         out["solved"] = (int(sum(sn)), len(sn), int(sum(se)), len(se))
         rate_diff = sum(sn) / len(sn) - sum(se) / len(se)
-        lo, hi = _bootstrap_diff(sn, se, lambda x: x.mean(axis=1))
+        _, lo, hi = difference_ci(sn, se, "mean")
         out["solved_diff_ci"] = (lo, hi)
         if rate_diff < 0:
             behind.append("solve rate")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bootstrap_ci", "iqm", "iqm_rows", "percentiles", "steps_to_solve"]
+__all__ = ["bootstrap_ci", "difference_ci", "iqm", "iqm_rows", "percentiles", "steps_to_solve"]
 
 
 def iqm(values: Any) -> float:
@@ -54,6 +54,39 @@ def bootstrap_ci(
     tail = 100 * (1 - confidence) / 2
     lo, hi = np.percentile(stats, [tail, 100 - tail])
     return float(lo), float(hi)
+
+
+def difference_ci(
+    a: Any,
+    b: Any,
+    statistic: str = "iqm",
+    paired: bool = False,
+    reps: int = 50_000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``statistic(a) - statistic(b)`` and its 95% percentile bootstrap CI: (difference,
+    low, high). ``paired`` (a seed's run of each, in order): the mean of the per-seed
+    differences, the differences resampled together; otherwise ``a`` and ``b`` are each
+    resampled alone, with ``statistic`` ``"iqm"`` or ``"mean"``. Rliable's stratified
+    bootstrap over games is the Atari report's own (``bench/atari100k.py``)."""
+    xa, xb = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if xa.size == 0 or xb.size == 0:
+        raise ValueError("confidence interval of no values")
+    rng = np.random.default_rng(seed)
+    if paired:
+        if xa.size != xb.size:
+            raise ValueError(f"paired runs: {xa.size} against {xb.size}")
+        d = xa - xb
+        diffs = d[rng.integers(0, d.size, size=(reps, d.size))].mean(axis=1)
+        point = float(d.mean())
+    else:
+        rows = iqm_rows if statistic == "iqm" else (lambda x: x.mean(axis=1))
+        sa = xa[rng.integers(0, xa.size, size=(reps, xa.size))]
+        sb = xb[rng.integers(0, xb.size, size=(reps, xb.size))]
+        diffs = rows(sa) - rows(sb)
+        point = iqm(xa) - iqm(xb) if statistic == "iqm" else float(xa.mean() - xb.mean())
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return point, float(lo), float(hi)
 
 
 def steps_to_solve(result: dict[str, Any]) -> int | None:
