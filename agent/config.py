@@ -36,6 +36,7 @@ __all__ = [
     "coerce_value",
     "config_from_dict",
     "config_reference",
+    "config_sections",
     "config_source",
     "env_config_file",
     "field_docs",
@@ -448,21 +449,35 @@ def config_reference() -> str:
     docs = field_docs()
     defaults = Config().to_dict()
     out: list[str] = []
-    for line in inspect.getsource(Config).splitlines():
-        stripped = line.strip()
-        if stripped.startswith("# ---"):
-            out += ["", f"### {stripped.strip('# -').capitalize()}", "",
-                    "| key | default | meaning |", "| --- | --- | --- |"]
-        elif (name := stripped.split(":", 1)[0]) in docs and line.startswith("    ") and (
-            not line.startswith("     ")
-        ):
+    for title, names in config_sections():
+        out += ["", f"### {title.capitalize()}", "",
+                "| key | default | meaning |", "| --- | --- | --- |"]  # fmt: skip
+        for name in names:
             value = defaults[name]
             value = value if isinstance(value, str) else json.dumps(value)
             if "e" in value and "." not in value and value[-1].isdigit():
                 value = value.replace("e", ".0e")  # 1e-06 reads back as a YAML float
-            doc = " ".join(docs.pop(name).split()).replace("|", "\\|")
+            doc = docs[name].replace("|", "\\|")
             out.append(f"| `{name}` | `{value}` | {doc} |")
     return "\n".join(out).strip() + "\n"
+
+
+def config_sections() -> list[tuple[str, list[str]]]:
+    """(title, field names) of each section of :class:`Config`, in order: the fields (read
+    with ``ast``, as :func:`field_docs` reads their docs) under each ``# --- title ---``
+    comment of its source."""
+    source = inspect.getsource(Config)
+    headers = [(i + 1, line.strip().strip("# -"))
+               for i, line in enumerate(source.splitlines())
+               if line.strip().startswith("# ---")]  # fmt: skip
+    sections: list[tuple[str, list[str]]] = [(title, []) for _, title in headers]
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+    for node in body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above = [i for i, (line, _) in enumerate(headers) if line < node.lineno]
+            if above:
+                sections[above[-1]][1].append(node.target.id)
+    return sections
 
 
 def field_docs() -> dict[str, str]:
