@@ -37,6 +37,7 @@ import pickle
 import random
 import tempfile
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,7 @@ __all__ = [
     "READS",
     "VERSION",
     "CheckpointWriteError",
+    "GeneratorState",
     "buffer_left_out",
     "check_compatible",
     "get_rng_state",
@@ -253,77 +255,79 @@ def policy_checkpoint(
 def training_checkpoint(
     policy: dict[str, Any],
     *,
-    target_network: nn.Module,
-    learner: Any,
+    components: Mapping[str, Any],
     eval_curve: list[tuple[int, float]],
-    sample_generator: torch.Generator,
-    exploration: Any,
-    selector: Any,
     episodes: dict[str, Any],
     replay: Any | None,
     wall_time_s: float = 0.0,
-    augment: Any | None = None,
 ) -> dict[str, Any]:
     """A :func:`policy_checkpoint` plus everything an exact resume needs (``last.pt``).
 
-    ``learner``, ``exploration``, ``selector``, ``replay`` and ``augment`` (the batch
-    augmentation, if any) are anything with a ``state_dict()``; ``episodes`` is the
-    episode bookkeeping's
-    state (``agent.episodes``). With ``replay=None`` the buffer is not saved and a resume
-    starts with an empty one.
+    ``components``: every stateful part of the run by name (the target network, the
+    learner, the exploration policy, the selector, the replay's sampling generator as a
+    :class:`GeneratorState`, the augmentation; None where a run has none), each saved as
+    its ``state_dict()`` under its name. ``episodes`` is the episode bookkeeping's state
+    (``agent.episodes``). With ``replay=None`` the buffer is not saved and a resume starts
+    with an empty one.
     """
     data = {
         **policy,
-        "target_network": target_network.state_dict(),
-        "learner": learner.state_dict(),
         "eval_curve": torch.tensor(eval_curve or [], dtype=torch.float64).reshape(-1, 2),
         "rng": get_rng_state(),
-        "sample_generator": sample_generator.get_state(),
-        "exploration": exploration.state_dict(),  # nested dicts of Python ints
-        "selector": selector.state_dict(),
         "envs": episodes,
         "wall_time_s": wall_time_s,
     }
+    data.update({name: part.state_dict() for name, part in components.items() if part is not None})
     if replay is not None:
         data["replay"] = replay.state_dict()
-    if augment is not None:
-        data["augment"] = augment.state_dict()
     return data
+
+
+class GeneratorState:
+    """A ``torch.Generator`` as a component of a checkpoint: its state tensor."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def state_dict(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def load_state_dict(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
 
 
 def restore_training(
     data: dict[str, Any],
     *,
     q_network: nn.Module,
-    target_network: nn.Module,
-    learner: Any,
-    sample_generator: torch.Generator,
-    exploration: Any,
-    selector: Any,
     replay: Any,
-    augment: Any | None = None,
+    components: Mapping[str, Any],
 ) -> list[tuple[int, float]]:
     """Load a :func:`training_checkpoint` into the run's parts; returns the eval curve.
 
-    The counters and the episode state (``data["counters"]``, ``data["envs"]``) are
-    read by their owners. The replay buffer is restored only if it was saved.
+    Each of ``components`` loads its saved state (a part the checkpoint does not hold,
+    such as an augmentation added since, keeps its own). The counters and the episode
+    state (``data["counters"]``, ``data["envs"]``) are read by their owners. The replay
+    buffer is restored only if it was saved.
     """
     q_network.load_state_dict(data["q_network"])
-    target_network.load_state_dict(data["target_network"])
-    learner.load_state_dict(data["learner"])
     if "replay" in data:
         replay.load_state_dict(data["replay"])
     set_rng_state(data["rng"])
-    sample_generator.set_state(data["sample_generator"])
-    selector.load_state_dict(data["selector"])
-    if "exploration" in data:
-        exploration.load_state_dict(data["exploration"])
-    else:  # version 1: the stream alone, and the noise counter in the selector's state
-        exploration.load_state_dict({"rng": data["explore_rng"],
-                                     "noise": {"step": data["selector"]["step"]}})  # fmt: skip
-    if augment is not None and "augment" in data:
-        augment.load_state_dict(data["augment"])
+    data = _version_1_exploration(data)
+    for name, part in components.items():
+        if part is not None and name in data:
+            part.load_state_dict(data[name])
     return [(int(s), float(r)) for s, r in data["eval_curve"].tolist()]
+
+
+def _version_1_exploration(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 checkpoint's exploration state as version 2 has it: the stream alone
+    (``explore_rng``) and the noise counter in the selector's state."""
+    if "exploration" in data or "explore_rng" not in data:
+        return data
+    noise = {"step": data["selector"]["step"]}
+    return {**data, "exploration": {"rng": data["explore_rng"], "noise": noise}}
 
 
 def check_compatible(

@@ -10,7 +10,7 @@ import copy
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from agent import streams
 from agent.acting import ActionSelector
 from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.augment import RandomShift, make_augment
-from agent.checkpoint import restore_training
+from agent.checkpoint import GeneratorState, restore_training
 from agent.config import Config
 from agent.episodes import Episodes
 from agent.errors import UserError
@@ -235,17 +235,22 @@ class Run:
     """Wall seconds of the run's earlier pieces (a resume), for result.json."""
     augment: RandomShift | None = None
     """The augmentation of the replay batches (``augment``), or None."""
+    extra_components: dict[str, Any] = field(default_factory=dict)
+    """More stateful parts for ``last.pt``, by name (a stacked seed's own streams)."""
 
     @property
-    def resumable(self) -> dict[str, Any]:
-        """What a checkpoint saves and a resume restores, besides the online network."""
+    def components(self) -> dict[str, Any]:
+        """The stateful parts a checkpoint saves and a resume restores, by name, besides
+        the online network and the replay buffer (each with ``state_dict`` and
+        ``load_state_dict``; None where the run has none)."""
         return {
             "target_network": self.agent.target_network,
             "learner": self.agent.learner,
-            "sample_generator": self.sample_generator,
+            "sample_generator": GeneratorState(self.sample_generator),
             "exploration": self.exploration,
             "selector": self.agent.selector,
             "augment": self.augment,
+            **self.extra_components,
         }
 
 def prepare_run(
@@ -315,7 +320,7 @@ def prepare_run(
         run.obs = episodes.reset(envs)
     else:
         run.eval_curve = restore_training(
-            checkpoint, q_network=agent.q_network, replay=agent.replay, **run.resumable
+            checkpoint, q_network=agent.q_network, replay=agent.replay, components=run.components
         )
         run.counters = Counters(**checkpoint["counters"])
         if "replay" not in checkpoint:

@@ -144,7 +144,6 @@ class Checkpoints:
 
     def __init__(self, run: Run, wall_time: Any) -> None:
         self.run, self.wall_time = run, wall_time
-        self.extra: Callable[[], dict[str, Any]] | None = None  # more for last.pt (a group's)
         self.dir = run.run_dir / "checkpoints"
         replay = run.agent.replay
         nbytes = replay.capacity * replay.bytes_per_transition
@@ -173,14 +172,12 @@ class Checkpoints:
         run = self.run
         data = training_checkpoint(
             self.policy(),
+            components=run.components,
             eval_curve=run.eval_curve,
             episodes=run.episodes.state_dict(obs),
             replay=run.agent.replay if self.keeps_buffer else None,
             wall_time_s=self.wall_time(),
-            **run.resumable,
         )
-        if self.extra is not None:
-            data.update(self.extra())
         save_checkpoint(self.dir / "last.pt", data)
 
     def save_best(self, obs: np.ndarray) -> None:

@@ -138,13 +138,18 @@ class Seed:
     act_generator: torch.Generator
     update_generator: torch.Generator
 
-    def group_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
+        """The seed's own noise streams (``last.pt``'s ``GROUP_KEY``)."""
         return {
-            GROUP_KEY: {
-                "act_generator": self.act_generator.get_state(),
-                "update_generator": self.update_generator.get_state(),
-            }
+            "act_generator": self.act_generator.get_state(),
+            "update_generator": self.update_generator.get_state(),
         }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.act_generator.set_state(state["act_generator"])
+        self.update_generator.set_state(state["update_generator"])
+        if "noise_step" in state:  # checkpoint version 1: the group kept the noise counter
+            self.run.exploration.noise.load_state_dict({"step": state["noise_step"]})
 
 
 class SeedStack:
@@ -296,14 +301,10 @@ def _prepare_seed(
         act_generator=stream_generator(cfg.seed, ACT_STREAM, device),
         update_generator=stream_generator(cfg.seed, UPDATE_STREAM, device),
     )  # fmt: skip
-    checkpoints.extra = seed.group_state
+    run.extra_components[GROUP_KEY] = seed  # its streams go into last.pt
     cleanup.callback(close_quietly, seed.monitor)
-    saved = None if checkpoint is None else checkpoint.get(GROUP_KEY)
-    if saved is not None:
-        seed.act_generator.set_state(saved["act_generator"])
-        seed.update_generator.set_state(saved["update_generator"])
-        if "noise_step" in saved:  # checkpoint version 1: the group kept the noise counter
-            run.exploration.noise.load_state_dict({"step": saved["noise_step"]})
+    if checkpoint is not None and GROUP_KEY in checkpoint:
+        seed.load_state_dict(checkpoint[GROUP_KEY])
     return seed
 
 
