@@ -343,13 +343,12 @@ def report(args: argparse.Namespace) -> int:
         have = {_key(r) for r in read_report(report_json)["runs"]}
         seeds = parse_seeds(args.seeds)
         overrides = parse_set(args.set or [])  # a smoke test's short runs; the report has none
-        # Seed by seed, every game's arms side by side: the first runs to land pair up.
-        trials = []
-        for seed in seeds:
-            points = [{"env_id": g.env_id, **ARMS[a]} for g in games for a in arms]
-            names = [f"{g.name}/{a}" for g in games for a in arms]
-            built = trials_of_points(None, "der", overrides, [seed], points, names)
-            trials += [t for t in built if (*t.label.split("/"), seed) not in have]
+        # Game by game, each arm's seeds in turn (the sweep runs a grid point's seeds
+        # together): a game's comparison is complete after its six runs.
+        points = [{"env_id": g.env_id, **ARMS[a]} for g in games for a in arms]
+        names = [f"{g.name}/{a}" for g in games for a in arms]
+        built = trials_of_points(None, "der", overrides, seeds, points, names)
+        trials = [t for t in built if (*t.label.split("/"), t.seed) not in have]
         if not trials:
             print(f"{report_json} holds every run asked for")
             return 0
