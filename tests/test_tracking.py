@@ -53,7 +53,11 @@ def test_the_tracker_gets_every_scalar_tensorboard_gets(tmp_path: Path) -> None:
 
 def _records(run_dir: Path) -> bytes:
     """Every offline W&B record file of the run directory, as bytes (keys are stored as
-    plain strings)."""
+    plain strings), once W&B's service has written them out (it writes a short run's
+    records when it stops, as it does when a process exits)."""
+    import wandb
+
+    wandb.teardown()
     return b"".join(p.read_bytes() for p in sorted(run_dir.glob("wandb/offline-run-*/*.wandb")))
 
 
