@@ -211,7 +211,7 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """What :func:`train` sets up before its loop (:func:`prepare_run`)."""
 
@@ -310,11 +310,13 @@ def prepare_run(
     )  # fmt: skip
     episodes = Episodes(cfg.num_envs, cfg.seed, watch_repeats=exploration.watches_repeats)
     run = Run(
-        cfg, spec, run_dir, ran, envs, eval_envs, agent, episodes,
-        Counters(learning_starts=cfg.learning_starts), [], np.empty(0), sample_generator,
-        exploration, spec.reward_threshold if cfg.target_return is None else cfg.target_return,
-        0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
-        make_augment(cfg.augment, agent.replay.device, cfg.seed),
+        cfg=cfg, spec=spec, run_dir=run_dir, ran=ran, envs=envs, eval_envs=eval_envs,
+        agent=agent, episodes=episodes, counters=Counters(learning_starts=cfg.learning_starts),
+        eval_curve=[], obs=np.empty(0), sample_generator=sample_generator,
+        exploration=exploration,
+        target_return=spec.reward_threshold if cfg.target_return is None else cfg.target_return,
+        wall_before=0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
+        augment=make_augment(cfg.augment, agent.replay.device, cfg.seed),
     )  # fmt: skip
     if checkpoint is None:
         run.obs = episodes.reset(envs)
