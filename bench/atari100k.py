@@ -452,7 +452,10 @@ def _ci(point: float, low: float, high: float) -> str:
 
 
 def table(args: argparse.Namespace) -> str:
-    """The report as markdown: aggregates per arm, the paired difference, per game."""
+    """The report as markdown: aggregates per arm, the paired difference, per game (with
+    where the first arm is ahead of the last, level or behind), the wall times."""
+    from agent.sweep.stats import difference_ci
+
     data = read_report(Path(args.json))
     runs = [r for r in data["runs"] if r["arm"] in args.arms.split(",")]
     arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in runs)]
@@ -472,17 +475,27 @@ def table(args: argparse.Namespace) -> str:
         lines.append(f"| {a} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
                      + " |")  # fmt: skip
     lines += ["", "| game | " + " | ".join(f"{a} (mean of seeds)" for a in arms)
-              + " | DER published | noise - epsilon, per seed |",
+              + f" | DER published | {arms[0]} - {arms[-1]}: per seed; paired mean [95% CI] |",
               "|---" * (len(arms) + 3) + "|"]  # fmt: skip
     by_key = {_key(r): r["score"] for r in runs}
+    verdicts = {"ahead": [], "level": [], "behind": []}
     for g in games:
         means = [np.mean([by_key[(g, a, s)] for s in seeds]) for a in arms]
         diffs = ""
         if len(arms) >= 2:
-            diffs = ", ".join(f"{by_key[(g, arms[0], s)] - by_key[(g, arms[1], s)]:+.1f}"
-                              for s in seeds)  # fmt: skip
+            a, b = ([by_key[(g, arm, s)] for s in seeds] for arm in (arms[0], arms[-1]))
+            mean, low, high = difference_ci(a, b, paired=True)
+            verdicts["ahead" if low > 0 else "behind" if high < 0 else "level"].append(g)
+            diffs = (", ".join(f"{x - y:+.1f}" for x, y in zip(a, b, strict=True))
+                     + f"; {mean:+.1f} [{low:+.1f}, {high:+.1f}]")  # fmt: skip
         cells = " | ".join(f"{m:.1f}" for m in means)
         lines.append(f"| {g} | {cells} | {BY_NAME[g].der:.1f} | {diffs} |")
+    if len(arms) >= 2:
+        lines += ["", f"{arms[0]} against {arms[-1]}, per game (the paired 95% CI over the "
+                  f"seeds above, across or below zero): ahead on {len(verdicts['ahead'])} "
+                  f"({', '.join(verdicts['ahead']) or 'none'}), level on "
+                  f"{len(verdicts['level'])}, behind on {len(verdicts['behind'])} "
+                  f"({', '.join(verdicts['behind']) or 'none'})"]  # fmt: skip
     walls = [r["wall_s"] - r["final_eval_s"] for r in runs]
     evals = [r["final_eval_s"] for r in runs]
     lines += ["", f"training wall time per run: median {np.median(walls) / 60:.1f} min "

@@ -100,3 +100,25 @@ def test_a_report_runs_through_the_sweep_collects_and_resumes(tmp_path: Path) ->
     text = atari100k.table(argparse.Namespace(json=str(report), arms="der,der-epsilon",
                                               reps=200))  # fmt: skip
     assert "1 of 26 games" in text and "| Boxing |" in text and "paired" in text
+
+
+def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(
+    tmp_path: Path,
+) -> None:
+    """Three seeds a game: Pong's noise arm ahead by 3 on every seed, Boxing's mixed, so
+    the paired CI lies above zero for one and across it for the other."""
+    runs = []
+    boxing_deltas = (-4.0, 6.0, -1.0)
+    for i, (pong, boxing) in enumerate(((-10, 5), (-12, 1), (-8, 9))):
+        seed = 101 + i
+        for game, score, delta in (("Pong", pong, 3.0), ("Boxing", boxing, boxing_deltas[i])):
+            runs += [{"game": game, "arm": "der", "seed": seed, "score": score + delta,
+                      "wall_s": 60.0, "final_eval_s": 6.0, "curve": []},
+                     {"game": game, "arm": "der-epsilon", "seed": seed, "score": float(score),
+                      "wall_s": 60.0, "final_eval_s": 6.0, "curve": []}]  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
+    text = atari100k.table(argparse.Namespace(json=str(tmp_path / "r.json"),
+                                              arms="der,der-epsilon", reps=500))  # fmt: skip
+    assert "2 of 26 games" in text
+    assert "| Pong | -7.0 | -10.0 | -19.3 | +3.0, +3.0, +3.0; +3.0 [+3.0, +3.0] |" in text
+    assert ("ahead on 1 (Pong), level on 1, behind on 0 (none)") in text
