@@ -65,6 +65,7 @@ __all__ = [
     "check_observations",
     "close_quietly",
     "crossed",
+    "env_step",
     "exploration_probe",
     "finish_run",
     "learner_settings",
@@ -211,46 +212,22 @@ def train(
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
         # --- set-up: environments, agent, random streams; a resume restores them ---
         run = prepare_run(cfg, Path(run_dir), checkpoint, cleanup, echo)
-        envs, episodes, counters, obs, explore = (
-            run.envs, run.episodes, run.counters, run.obs, run.exploration
-        )
+        counters, explore = run.counters, run.exploration
         selector, replay, learner = run.agent.selector, run.agent.replay, run.agent.learner
         update = run.agent.update
-        monitor, checkpoints, evaluate = run_outputs(run, wall_start, progress, lambda: obs)
+        monitor, checkpoints, evaluate = run_outputs(run, wall_start, progress, lambda: run.obs)
         cleanup.callback(close_quietly, monitor)  # flushes the events, whatever happens
         status: Literal["finished", "solved", "interrupted"] = "finished"
         n = cfg.num_envs
         announce(run, echo, checkpoints.buffer_left_out)
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         while counters.global_step < cfg.total_steps:
-            # --- act: greedy on a noisy net, then the exploration policy on top ---
-            actions = selector(obs, explore.fresh_noise())  # (n,) int64: the host read
-            # explored: (n,) bool where the floor's random action replaced the policy's
-            actions, explored = explore(actions, counters.global_step)
+            # --- act: greedy on a noisy net; the exploration policy on top, in env_step ---
+            actions = selector(run.obs, explore.fresh_noise())  # (n,) int64: the host read
 
-            # --- step the environments; store the real transitions ---
-            next_obs, rewards, terminated, truncated, info = envs.step(actions)
-            counters.global_step += n
+            # --- step the environments: real transitions into replay, ended episodes reset ---
+            env_step(run, monitor, actions)
             step = counters.global_step
-            life_lost = episodes.step(actions, rewards, info)
-            # Training-only signals; the logged return stays the sum of the env's rewards.
-            # A lost life ends bootstrapping in replay, but the env is not reset.
-            train_rewards = np.sign(rewards) if cfg.clip_rewards else rewards
-            train_dones = terminated | life_lost if cfg.terminal_on_life_loss else terminated
-            # The floor's random actions end the n-step returns before them (explored).
-            replay.add(obs, actions, train_rewards, next_obs, train_dones, truncated, explored)
-
-            # --- episode ends: log them, reset those envs with their next seeds ---
-            done = terminated | truncated
-            if done.any():
-                next_obs, finished = episodes.finish(envs, done)
-                for episodic_return, length in finished:
-                    monitor.episode(step, episodic_return, length)
-                counters.episodes += len(finished)
-                explore.episode_ended()  # per-episode noise: drawn afresh next step
-            if episodes.observe(next_obs):  # a repeat under held noise: a loop; break it
-                explore.repeated()
-            obs = next_obs
 
             # --- learn: one update per train_freq env steps, once learning has started ---
             if step >= counters.learning_starts and len(replay) >= cfg.batch_size:
@@ -264,7 +241,7 @@ def train(
                 if crossed(step, n, cfg.target_update_interval):
                     learner.sync_target()
 
-            # --- log: the only place tensors become floats ---
+            # --- log: where the learner's metrics become floats ---
             if crossed(step, n, cfg.log_interval):
                 log_training(run, monitor, step, learner.metrics(), learner.updates)
 
@@ -276,13 +253,44 @@ def train(
 
             # --- checkpoint; Ctrl-C or SIGTERM saves and stops ---
             if crossed(step, n, cfg.checkpoint_interval):
-                checkpoints.save_last(obs)
+                checkpoints.save_last(run.obs)
             if stop.received is not None:
                 status = "interrupted"
                 break
 
         # --- the end: save, then measure the final policy on fresh episodes ---
-        return finish_run(run, monitor, checkpoints, evaluate, obs, status, stop.received)
+        return finish_run(run, monitor, checkpoints, evaluate, run.obs, status, stop.received)
+
+
+def env_step(run: Run, monitor: Monitor, actions: np.ndarray) -> None:
+    """One step of the run's environments with its selector's ``actions``: the exploration
+    policy on top, the real transitions into replay, ended episodes logged and their envs
+    reset, repeats told to the policy; ``run.obs`` becomes the next observations. Both
+    loops take their steps here (a single run's, and each seed's of a group)."""
+    cfg, counters, episodes, explore = run.cfg, run.counters, run.episodes, run.exploration
+    # explored: (n,) bool where the floor's random action replaced the policy's
+    actions, explored = explore(actions, counters.global_step)
+    next_obs, rewards, terminated, truncated, info = run.envs.step(actions)
+    counters.global_step += cfg.num_envs
+    life_lost = episodes.step(actions, rewards, info)
+    # Training-only signals; the logged return stays the sum of the env's rewards.
+    # A lost life ends bootstrapping in replay, but the env is not reset.
+    train_rewards = np.sign(rewards) if cfg.clip_rewards else rewards
+    train_dones = terminated | life_lost if cfg.terminal_on_life_loss else terminated
+    # The floor's random actions end the n-step returns before them (explored).
+    run.agent.replay.add(run.obs, actions, train_rewards, next_obs, train_dones, truncated,
+                         explored)  # fmt: skip
+    # Episode ends: log them, reset those envs with their next seeds.
+    done = terminated | truncated
+    if done.any():
+        next_obs, finished = episodes.finish(run.envs, done)
+        for episodic_return, length in finished:
+            monitor.episode(counters.global_step, episodic_return, length)
+        counters.episodes += len(finished)
+        explore.episode_ended()  # per-episode noise: drawn afresh next step
+    if episodes.observe(next_obs):  # a repeat under held noise: a loop; break it
+        explore.repeated()
+    run.obs = next_obs
 
 
 def run_outputs(

@@ -54,6 +54,7 @@ from agent.train import (
     TrainResult,
     close_quietly,
     crossed,
+    env_step,
     finish_run,
     learner_settings,
     log_training,
@@ -323,7 +324,7 @@ def _loop(
         # --- act: one stacked forward for every seed, then each seed's exploration ---
         actions = stack.act(np.stack([s.run.obs for s in seeds]))  # (S, n)
         for i, seed in enumerate(seeds):
-            _env_step(seed, actions[i], cfg)
+            env_step(seed.run, seed.monitor, actions[i])
         step = counters.global_step
         bar.update(n)
 
@@ -389,30 +390,6 @@ def _finish(
         )  # fmt: skip
     except NonFiniteError as e:  # diverged since the last log: no last.pt of NaNs
         return _diverged(seed, seed.run.counters.global_step, e)
-
-
-def _env_step(seed: Seed, actions: np.ndarray, cfg: Config) -> None:
-    """One env step of one seed, as the single loop does it: episode ends and repeated
-    observations go to its exploration policy (which draws the acting noise afresh)."""
-    run = seed.run
-    counters, episodes, replay = run.counters, run.episodes, run.agent.replay
-    actions, explored = run.exploration(actions, counters.global_step)
-    next_obs, rewards, terminated, truncated, info = run.envs.step(actions)
-    counters.global_step += cfg.num_envs
-    life_lost = episodes.step(actions, rewards, info)
-    train_rewards = np.sign(rewards) if cfg.clip_rewards else rewards
-    train_dones = terminated | life_lost if cfg.terminal_on_life_loss else terminated
-    replay.add(run.obs, actions, train_rewards, next_obs, train_dones, truncated, explored)
-    done = terminated | truncated
-    if done.any():
-        next_obs, finished = episodes.finish(run.envs, done)
-        for episodic_return, length in finished:
-            seed.monitor.episode(counters.global_step, episodic_return, length)
-        counters.episodes += len(finished)
-        run.exploration.episode_ended()
-    if episodes.observe(next_obs):
-        run.exploration.repeated()
-    run.obs = next_obs
 
 
 def _diverged(seed: Seed, step: int, error: NonFiniteError | None = None) -> NonFiniteError:
