@@ -1,5 +1,5 @@
 """The one part of the build that pyproject.toml cannot say: the top-level configs/ folder
-ships inside the agent package, as agent/configs (agent.config.CONFIG_DIR reads it there
+ships inside the agent package, as agent/configs (agent.config_files.CONFIG_DIR reads it there
 in an installed wheel, and at configs/ in a checkout)."""
 
 from setuptools import find_packages, setup

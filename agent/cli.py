@@ -158,7 +158,7 @@ def default_run_dir(env_id: str, seed: int) -> Path:
 
 # Flags that set a config key, with the least value each takes.
 def cmd_train(args: argparse.Namespace) -> int:
-    from agent.config import check_flag_values, load_config, parse_set
+    from agent.config_files import check_flag_values, load_config, parse_set
 
     if not args.env:
         _user_error(f"--env is required to train: e.g. {command()} --env CartPole-v1")
@@ -189,7 +189,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from agent.checkpoint import load_checkpoint, resume_exactness
-    from agent.config import config_from_dict
+    from agent.config_files import config_from_dict
 
     for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
         if getattr(args, flag) is not None:
@@ -438,7 +438,7 @@ def load_policy(
     import torch
 
     from agent.checkpoint import check_compatible, load_checkpoint
-    from agent.config import config_from_dict
+    from agent.config_files import config_from_dict
     from agent.train import build_q_network, resolve_device
     from envs import inspect_env
 

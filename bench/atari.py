@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.replay.frames import FrameReplayBuffer
 from agent.replay import ReplayBuffer
 from bench.acting import machine

@@ -321,7 +321,7 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout) -> int:
 
 def report(args: argparse.Namespace) -> int:
     """Run what the report misses, as one sweep; collect what finished into the JSON."""
-    from agent.config import parse_set
+    from agent.config_files import parse_set
     from agent.sweep.cli import parse_seeds
     from agent.sweep.trials import (
         is_sweep_dir,

@@ -33,7 +33,7 @@ import onnxruntime as ort
 import torch
 
 from agent.acting import ActionSelector
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.export import export_policy
 from agent.train import build_q_network
 from bench.acting import machine, make_obs, time_calls

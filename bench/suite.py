@@ -65,7 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agent.config import env_config_file, load_config, presets
+from agent.config_files import env_config_file, load_config, presets
 from agent.sweep.stats import bootstrap_ci, difference_ci, iqm
 from bench.cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
 from bench.cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py

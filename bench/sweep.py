@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def sequential(seeds: list[int], total_steps: int, run_root: Path) -> tuple[float, list[float]]:
     import torch
 
-    from agent.config import load_config
+    from agent.config_files import load_config
     from agent.train import train
 
     torch.set_num_threads(1)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.train import train
 from bench.acting import machine
 

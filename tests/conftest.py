@@ -94,7 +94,7 @@ TINY_RUN = {
 
 def train_checkpoint(run_dir: Path, env_id: str, total_steps: int, **overrides: Any) -> Path:
     """Train ``env_id`` for ``total_steps`` with :data:`TINY_RUN`; the path of its last.pt."""
-    from agent.config import load_config
+    from agent.config_files import load_config
     from agent.train import train
 
     settings = {**TINY_RUN, "total_steps": total_steps, **overrides}

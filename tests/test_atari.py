@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
 from agent.checkpoint import load_checkpoint
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.errors import UserError
 from agent.replay.frames import FrameReplayBuffer
 from agent.replay import Batch, ReplayBuffer

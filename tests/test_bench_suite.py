@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 
 import bench.suite
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.errors import UserError
 
 
@@ -77,7 +77,7 @@ def test_config_file_reaches_both_agents_before_their_set(suite):
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"])
 def test_config_default_yaml_undoes_every_key_of_an_env_yaml(env_id):
     # What --config configs/default.yaml promises: the config of an env without a YAML.
-    from agent.config import CONFIG_DIR, env_config_file, load_config
+    from agent.config_files import CONFIG_DIR, env_config_file, load_config
 
     assert env_config_file(env_id) is not None
     forced = asdict(load_config(env_id, CONFIG_DIR / "default.yaml"))

@@ -246,8 +246,8 @@ def test_the_circle_check_catches_a_lazy_import_through_a_package() -> None:
 def test_the_private_check_catches_an_import_an_alias_and_an_attribute() -> None:
     sources = project_sources()
     for module, old, new, problem in [
-        ("agent.sweep.cli", "from agent.config import Config, coerce_value",
-         "from agent.config import Config, _apply", "from agent.config import _apply"),
+        ("agent.sweep.cli", "from agent.config_files import coerce_value",
+         "from agent.config_files import _apply", "from agent.config_files import _apply"),
         ("bench.noisy_forward", "noisy.FACTORISED_MIN_WEIGHTS = 0",
          "noisy._rank_one = 0", "noisy._rank_one"),
         ("agent.seeds.stacked", "        stacked.refresh_noisy_layers()\n",

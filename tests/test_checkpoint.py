@@ -131,7 +131,7 @@ def test_rng_state_round_trip_through_a_weights_only_file(tmp_path: Path) -> Non
 def test_save_buffer_auto_keeps_every_default_buffer_but_atari(env_id: str, kept: bool) -> None:
     import dataclasses
 
-    from agent.config import load_config
+    from agent.config_files import load_config
     from agent.train import build_agent
     from envs import inspect_env
 

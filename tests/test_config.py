@@ -13,15 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.config import (
-    CONFIG_DIR,
-    Config,
-    config_from_dict,
-    config_reference,
-    field_docs,
-    load_config,
-    parse_set,
-)
+from agent.config import Config, config_reference, field_docs
+from agent.config_files import CONFIG_DIR, config_from_dict, load_config, parse_set
 from agent.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,7 +230,7 @@ def test_the_wheel_ships_configs_as_agent_configs_and_reads_them_installed(
     zipfile.ZipFile(wheel).extractall(site)
     # The installed copy of agent, imported from elsewhere, finds its configs beside it.
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import agent.config as c; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import agent.config_files as c; "
         "print(c.__file__, c.CONFIG_DIR, c.load_config('CartPole-v1').total_steps, "
         "c.load_config('CartPole-v1', 'rainbow').distributional)"
     )

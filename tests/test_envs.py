@@ -371,7 +371,7 @@ def test_a_missing_env_dependency_is_a_user_error() -> None:
 
 
 def _tiny_run(env_id: str, run_dir: Path) -> Path:
-    from agent.config import load_config
+    from agent.config_files import load_config
     from agent.train import train
 
     overrides = {

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import bench.exact_value
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.errors import UserError
 from conftest import train_checkpoint
 from envs import make_env

@@ -21,7 +21,7 @@ import torch
 import envs.testing  # noqa: F401  (registers NoisyDQN/Frames-v0: uint8 frames, Nature CNN)
 from agent import cli
 from agent.checkpoint import FORMAT, load_checkpoint
-from agent.config import config_from_dict
+from agent.config_files import config_from_dict
 from agent.export import (
     ExportMismatch,
     GreedyPolicy,

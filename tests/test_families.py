@@ -15,7 +15,7 @@ import torch
 
 from agent import cli
 from agent.checkpoint import load_checkpoint
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.errors import UserError
 from agent.networks import MinAtarCNN
 from agent.train import build_agent, train

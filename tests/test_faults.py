@@ -18,7 +18,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agent.checkpoint import CheckpointWriteError, load_checkpoint
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.learner import NonFiniteError
 from agent.monitor import Monitor
 from agent.train import train

@@ -12,7 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
-from agent.config import load_config
+from agent.config_files import load_config
 from agent.monitor import action_disagreement, exploration_stats, q_gap
 from agent.networks import QNetwork
 from agent.noisy import noisy_layers

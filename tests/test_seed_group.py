@@ -14,7 +14,8 @@ import torch
 
 from agent import cli
 from agent.checkpoint import load_checkpoint
-from agent.config import Config, load_config
+from agent.config import Config
+from agent.config_files import load_config
 from agent.errors import UserError
 from agent.learner import NonFiniteError
 from agent.seeds.group import GROUP_KEY, train_group

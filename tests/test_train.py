@@ -19,7 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from agent import cli
 from agent.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
-from agent.config import Config, load_config
+from agent.config import Config
+from agent.config_files import load_config
 from agent.train import train
 from bench.exact_value import exact_value_of_checkpoint
 

@@ -11,7 +11,7 @@ import pytest
 
 import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
 from agent import cli
-from agent.config import load_config, parse_set
+from agent.config_files import load_config, parse_set
 from agent.errors import UserError
 from agent.train import train
 from envs import inspect_env, make_env, make_vector_env

@@ -98,7 +98,8 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
 
     import yaml
 
-    from agent.config import Config, coerce_value
+    from agent.config import Config
+    from agent.config_files import coerce_value
 
     known = [f.name for f in _config_fields(Config)]
     grid: dict[str, list[Any]] = {}
@@ -152,7 +153,7 @@ def default_sweep_dir(env_id: str) -> Path:
 
 
 def _trials_from_args(args: argparse.Namespace) -> tuple[list[Trial], dict[str, Any]]:
-    from agent.config import check_flag_values, load_config, parse_set
+    from agent.config_files import check_flag_values, load_config, parse_set
     from envs import check_env_id
 
     if not args.env:

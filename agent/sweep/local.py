@@ -27,7 +27,7 @@ __all__ = ["check_local", "run_local"]
 def check_local(trials: list[Trial]) -> None:
     """A :class:`~agent.errors.UserError` before anything is written when a grid point's
     torso does not fit its env or its seeds would not fit in memory together."""
-    from agent.config import config_from_dict
+    from agent.config_files import config_from_dict
     from agent.seeds.group import check_memory
     from agent.train import check_observations
     from envs import inspect_env
@@ -52,7 +52,7 @@ def run_local(
     """Run every trial that is not done, in this process; write the summary. Returns the
     exit status, as :func:`agent.sweep.driver.run_sweep` does. ``on_done``: called with
     each trial that finishes (not one interrupted or failed), as it finishes."""
-    from agent.config import config_from_dict
+    from agent.config_files import config_from_dict
     from envs import inspect_env
 
     out = out or sys.stdout

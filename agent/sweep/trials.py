@@ -86,7 +86,7 @@ def trials_of_points(
     over ``overrides`` (an ``env_id`` among them trains that env instead of ``env_id``).
     ``names``: each point's label and directory (``Alien/der``: nested directories); by
     default ``key=value`` pairs."""
-    from agent.config import load_config
+    from agent.config_files import load_config
 
     if names is not None and (len(names) != len(points) or len(set(names)) != len(names)):
         raise ValueError("trials_of_points needs one distinct name per point")

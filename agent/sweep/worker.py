@@ -46,7 +46,7 @@ def run_trial(trial: dict[str, Any], sweep_dir: str, sweep_id: str) -> dict[str,
     """
     import torch
 
-    from agent.config import config_from_dict
+    from agent.config_files import config_from_dict
     from agent.train import train
 
     torch.set_num_threads(1)
@@ -68,7 +68,7 @@ def run_trials(trials: list[dict[str, Any]], sweep_dir: str, sweep_id: str) -> l
         return [run_trial(trials[0], sweep_dir, sweep_id)]
     import torch
 
-    from agent.config import config_from_dict
+    from agent.config_files import config_from_dict
     from agent.seeds.group import resume_groups, train_group
 
     torch.set_num_threads(1)
