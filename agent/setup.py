@@ -82,6 +82,9 @@ class Agent:
     greedy: ActionSelector
     """Evaluation: greedy on the mean weights, one action per evaluation env."""
     learner: Learner
+    exploration: Exploration
+    """What the agent plays given the selector's actions, and when the acting noise is
+    drawn; the one place that knows whether the agent explores by its noise."""
     update: Callable[[Batch], torch.Tensor]
     """``learner.update``, or on CUDA with ``capture_graph`` the same captured as a graph:
     a batch in, its per-sample errors out (for prioritized replay)."""
@@ -170,6 +173,7 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         )
     except ValueError as e:
         raise UserError(f"invalid config: {e}") from None
+    exploration = build_exploration(cfg, spec.n_actions)
     # Acting on the noisy net (the exploration policy says when its noise is drawn) or, for
     # epsilon-greedy, on the mean weights.
     selector = ActionSelector(
@@ -177,7 +181,7 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         spec.obs_shape,
         cfg.num_envs,
         device,
-        noise=cfg.exploration == "noisy",
+        noise=exploration.noisy,
         capture_graph=cfg.capture_graph,
     )
     greedy = ActionSelector(
@@ -185,21 +189,34 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
     )
     try:
         learner = Learner(
-            q_network, target_network, **learner_settings(cfg), backend=cfg.learner_backend
+            q_network,
+            target_network,
+            **learner_settings(cfg, exploration.noisy),
+            backend=cfg.learner_backend,
         )
     except ValueError as e:  # learner_backend numpy where it does not apply or compile
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
     capture = update_capture(device, cfg.capture_graph)
     update = learner.update if capture is None else CapturedUpdate(learner, capture)
-    return Agent(q_network, target_network, replay, selector, greedy, learner, update)
+    return Agent(q_network, target_network, replay, selector, greedy, learner, exploration, update)
 
-def learner_settings(cfg: Config) -> dict[str, Any]:
+
+def build_exploration(cfg: Config, n_actions: int) -> Exploration:
+    """The run's exploration policy, on its own random stream."""
+    return Exploration(
+        cfg.exploration, n_actions, np.random.default_rng([cfg.seed, streams.EXPLORATION]),
+        total_steps=cfg.total_steps, random_starts=cfg.random_starts,
+        noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
+        epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
+        noise_interval=cfg.noise_interval, noise_on_repeat=cfg.noise_on_repeat,
+    )  # fmt: skip
+
+def learner_settings(cfg: Config, noise: bool) -> dict[str, Any]:
     """The learner's settings in a config (``Learner`` and ``SeedLearner`` take them alike);
-    epsilon-greedy learns on the mean weights too (``noise``)."""
+    ``noise``: the exploration policy's ``noisy`` (epsilon-greedy learns on the mean weights
+    too)."""
     keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau")
-    return {k: getattr(cfg, k) for k in (*keys, "update_noise")} | {
-        "noise": cfg.exploration == "noisy"
-    }
+    return {k: getattr(cfg, k) for k in (*keys, "update_noise")} | {"noise": noise}
 
 def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | None:
     """How the learner update is captured: as a CUDA graph on CUDA with ``capture_graph``,
@@ -229,7 +246,6 @@ class Run:
     obs: np.ndarray
     """The first observations: fresh episodes, or the resumed ones replayed exactly."""
     sample_generator: torch.Generator
-    exploration: Exploration
     target_return: float | None
     wall_before: float
     """Wall seconds of the run's earlier pieces (a resume), for result.json."""
@@ -247,7 +263,7 @@ class Run:
             "target_network": self.agent.target_network,
             "learner": self.agent.learner,
             "sample_generator": GeneratorState(self.sample_generator),
-            "exploration": self.exploration,
+            "exploration": self.agent.exploration,
             "selector": self.agent.selector,
             "augment": self.augment,
             **self.extra_components,
@@ -301,19 +317,12 @@ def prepare_run(
         ran["replay_storage"] = "device" if agent.replay.storage_device.type == "cuda" else "pinned"
     (run_dir / "config.yaml").write_text(yaml.safe_dump(ran, sort_keys=False))
     sample_generator = torch.Generator(device=agent.replay.generator_device).manual_seed(cfg.seed)
-    exploration = Exploration(
-        cfg.exploration, spec.n_actions, np.random.default_rng([cfg.seed, streams.EXPLORATION]),
-        total_steps=cfg.total_steps, random_starts=cfg.random_starts,
-        noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
-        epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
-        noise_interval=cfg.noise_interval, noise_on_repeat=cfg.noise_on_repeat,
-    )  # fmt: skip
-    episodes = Episodes(cfg.num_envs, cfg.seed, watch_repeats=exploration.watches_repeats)
+    watch_repeats = agent.exploration.watches_repeats
+    episodes = Episodes(cfg.num_envs, cfg.seed, watch_repeats=watch_repeats)
     run = Run(
         cfg=cfg, spec=spec, run_dir=run_dir, ran=ran, envs=envs, eval_envs=eval_envs,
         agent=agent, episodes=episodes, counters=Counters(learning_starts=cfg.learning_starts),
         eval_curve=[], obs=np.empty(0), sample_generator=sample_generator,
-        exploration=exploration,
         target_return=spec.reward_threshold if cfg.target_return is None else cfg.target_return,
         wall_before=0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
         augment=make_augment(cfg.augment, agent.replay.device, cfg.seed),

@@ -212,7 +212,7 @@ def train(
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
         # --- set-up: environments, agent, random streams; a resume restores them ---
         run = prepare_run(cfg, Path(run_dir), checkpoint, cleanup, echo)
-        counters, explore = run.counters, run.exploration
+        counters, explore = run.counters, run.agent.exploration
         selector, replay, learner = run.agent.selector, run.agent.replay, run.agent.learner
         update = run.agent.update
         monitor, checkpoints, evaluate = run_outputs(run, wall_start, progress, lambda: run.obs)
@@ -267,7 +267,7 @@ def env_step(run: Run, monitor: Monitor, actions: np.ndarray) -> None:
     policy on top, the real transitions into replay, ended episodes logged and their envs
     reset, repeats told to the policy; ``run.obs`` becomes the next observations. Both
     loops take their steps here (a single run's, and each seed's of a group)."""
-    cfg, counters, episodes, explore = run.cfg, run.counters, run.episodes, run.exploration
+    cfg, counters, episodes, explore = run.cfg, run.counters, run.episodes, run.agent.exploration
     # explored: (n,) bool where the floor's random action replaced the policy's
     actions, explored = explore(actions, counters.global_step)
     next_obs, rewards, terminated, truncated, info = run.envs.step(actions)
@@ -382,11 +382,11 @@ def log_training(
         scalars["losses/td_loss"] = metrics.td_loss
         scalars["losses/q_values"] = metrics.q_values
         scalars["charts/updates"] = float(updates)
-    scalars.update(run.exploration.scalars())
+    scalars.update(run.agent.exploration.scalars())
     scalars.update(noise_stats(run.agent.q_network))
     if len(replay) >= cfg.batch_size:  # how much the noise changes behaviour
         probe_seed = episode_seed(cfg.seed, 0, step, stream=streams.PROBE)
-        noisy = cfg.exploration == "noisy"
+        noisy = run.agent.exploration.noisy
         scalars.update(
             exploration_probe(run.agent.q_network, replay, cfg.batch_size, probe_seed, noisy)
         )

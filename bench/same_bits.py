@@ -57,6 +57,21 @@ CASES: list[tuple[str, list[str]]] = [
     ("atari-der", ["--env", "BreakoutNoFrameskip-v4", "--config", "der", "--total-steps", "2400",
                    "--set", "final_episodes=2", "--set", "eval_envs=2",
                    "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
+    # The Atari 100k report's epsilon arm (bench/atari100k.py), and epsilon-greedy on a
+    # net that has noisy layers (acting and learning on their mean weights).
+    ("atari-der-epsilon", ["--env", "BreakoutNoFrameskip-v4", "--config", "der",
+                           "--total-steps", "2400", "--set", "exploration=epsilon",
+                           "--set", "noisy_layers=none", "--set", "epsilon_end=0.01",
+                           "--set", "epsilon_fraction=0.05", "--set", "final_episodes=2",
+                           "--set", "eval_envs=2",
+                           "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
+    ("cartpole-epsilon-mean", ["--env", "CartPole-v1", "--total-steps", "3000",
+                               "--set", "exploration=epsilon", "--set", "random_starts=500",
+                               "--set", "eval_interval=1500"]),
+    ("cartpole-epsilon-mean-seeds", ["--env", "CartPole-v1", "--seeds", "2", "--total-steps",
+                                     "2000", "--set", "exploration=epsilon",
+                                     "--set", "random_starts=500",
+                                     "--set", "eval_interval=1000"]),
 ]
 # What is not the trajectory: times, where the run was, and the config as saved (which
 # grows a key with every new setting; the cases fix the values that matter).

@@ -12,7 +12,7 @@ from torch import nn
 
 from agent.learner import Learner
 from agent.networks import QNetwork
-from agent.noisy import noisy_layers
+from agent.noisy import noise_disabled, noisy_layers
 from agent.replay import Batch
 from agent.seeds import (
     NoiseDraw,
@@ -68,6 +68,24 @@ def test_a_stacked_forward_is_every_seeds_own_forward(cfg: dict) -> None:
         assert q.shape == (S, 7, 3)
         for i, net in enumerate(nets):
             torch.testing.assert_close(q[i], net(x[i]), rtol=1e-12, atol=1e-12)
+
+
+def test_a_stack_without_noise_computes_every_seeds_mean_weights() -> None:
+    # Epsilon-greedy on noisy layers acts on the mean weights: the stack built for it must
+    # ignore whatever noise its layers hold.
+    nets = _nets(noisy_layers="all")
+    stacked = stack_networks(nets, noise=False)
+    NoiseDraw(stacked_noisy_layers(stacked))(_generators())
+    x = torch.randn(S, 7, 5, dtype=torch.float64)
+    with torch.no_grad():
+        q = stacked(x)
+        for i, net in enumerate(nets):
+            with noise_disabled(net):
+                torch.testing.assert_close(q[i], net(x[i]), rtol=1e-12, atol=1e-12)
+    noisy = stack_networks(nets)
+    NoiseDraw(stacked_noisy_layers(noisy))(_generators())
+    with torch.no_grad():
+        assert not torch.allclose(noisy(x), q)
 
 
 def test_a_seeds_state_dict_loads_into_its_own_network() -> None:

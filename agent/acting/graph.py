@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from agent.noisy import noisy_layers
+from agent.noisy import noise_switched, noisy_layers
 from agent.values import greedy_actions, support_of
 
 __all__ = ["CaptureFn", "CapturedGraph", "capture_cuda_graph", "capture_eager", "make_act_fn"]
@@ -59,15 +59,8 @@ def make_act_fn(
                 for layer in layers:
                     layer.reset_noise()
             # The selector, not the layers' switches, decides noisy vs mean weights.
-            # Plain attribute writes (no context manager): this runs every step on CPU.
-            previous = [layer.noise_enabled for layer in layers]
-            for layer in layers:
-                layer.noise_enabled = noise
-            try:
+            with noise_switched(layers, noise):
                 return greedy_actions(q_network(obs), support)
-            finally:
-                for layer, was in zip(layers, previous, strict=True):
-                    layer.noise_enabled = was
 
     return act
 

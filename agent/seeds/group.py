@@ -150,7 +150,7 @@ class Seed:
         self.act_generator.set_state(state["act_generator"])
         self.update_generator.set_state(state["update_generator"])
         if "noise_step" in state:  # checkpoint version 1: the group kept the noise counter
-            self.run.exploration.noise.load_state_dict({"step": state["noise_step"]})
+            self.run.agent.exploration.noise.load_state_dict({"step": state["noise_step"]})
 
 
 class SeedStack:
@@ -166,27 +166,25 @@ class SeedStack:
     ) -> None:
         self.seeds = seeds
         agents = [s.run.agent for s in seeds]
-        self.q_network = stack_networks([a.q_network for a in agents])
+        noisy = agents[0].exploration.noisy  # epsilon-greedy acts on the mean weights
+        self.q_network = stack_networks([a.q_network for a in agents], noise=noisy)
         self.target_network = stack_networks([a.target_network for a in agents])
         self.target_network.requires_grad_(False)
-        noisy = cfg.exploration == "noisy"
         self.learner = SeedLearner(
             self.q_network, self.target_network, [s.update_generator for s in seeds],
-            **learner_settings(cfg),
+            **learner_settings(cfg, noisy),
         )  # fmt: skip
         self.learner.load_seed_states([a.learner.state_dict() for a in agents])
         if carry is not None:  # the loss sums since the last log, of the seeds kept
             self.learner.take_running(*carry)
         layers = stacked_noisy_layers(self.q_network)
-        for layer in layers:  # epsilon-greedy acts on the mean weights
-            layer.noise_enabled = noisy
         self._draw = NoiseDraw(layers) if noisy and layers else None
         self.device = next(self.q_network.parameters()).device
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions ``(S, n)`` for observations ``(S, n, *obs_shape)``; fresh noise
         is drawn for the seeds whose exploration policy asks for it."""
-        fresh = np.array([s.run.exploration.fresh_noise() for s in self.seeds])
+        fresh = np.array([s.run.agent.exploration.fresh_noise() for s in self.seeds])
         if self._draw is not None and fresh.any():
             which = None if fresh.all() else np.flatnonzero(fresh).tolist()
             self._draw([s.act_generator for s in self.seeds], seeds=which)

@@ -67,13 +67,11 @@ class SeedLearner:
         self.update_noise = update_noise
         # Both networks' parameters, with noise buffers and switches of the learner's own:
         # the networks it was given are never changed but by the optimizer and the sync.
-        self.online_for_update = with_own_noise(q_network)
-        self.target_for_update = with_own_noise(target_network)
+        self.draws = noise and update_noise > 0
+        self.online_for_update = with_own_noise(q_network, self.draws)
+        self.target_for_update = with_own_noise(target_network, self.draws)
         online_layers = stacked_noisy_layers(self.online_for_update)
         target_layers = stacked_noisy_layers(self.target_for_update)
-        self.draws = noise and update_noise > 0
-        for layer in [*online_layers, *target_layers]:
-            layer.noise_enabled = self.draws
         self._noise = NoiseDraw([*online_layers, *target_layers])
         # A seed's step must not depend on how many seeds are stacked (Adam's rows).
         self.optimizer = Adam(params, lr=lr, eps=adam_eps, rows=self.seeds)

@@ -76,15 +76,16 @@ class StackedNoisyLinear(nn.Module):
 
     ``epsilon`` is ``(S, in + out)`` (f(eps_in), then f(eps_out), as in ``NoisyLinear``)
     and ``weight_epsilon`` ``(S, out, in)``; :class:`NoiseDraw` fills them, seed by
-    seed from each seed's generator.
+    seed from each seed's generator. ``noise``: forward with the noisy weights (False:
+    the mean weights, as epsilon-greedy acts).
     """
 
-    def __init__(self, layers: list[NoisyLinear]) -> None:
+    def __init__(self, layers: list[NoisyLinear], noise: bool = True) -> None:
         super().__init__()
         first = layers[0]
         self.seeds = len(layers)
         self.in_features, self.out_features = first.in_features, first.out_features
-        self.noise_enabled = True
+        self.noise_enabled = noise
         for name in ("weight_mu", "weight_sigma", "bias_mu", "bias_sigma"):
             stacked = torch.stack([getattr(lay, name).detach() for lay in layers])
             setattr(self, name, nn.Parameter(stacked))
@@ -104,8 +105,9 @@ def stacked_noisy_layers(module: nn.Module) -> list[StackedNoisyLinear]:
     return [m for m in module.modules() if isinstance(m, StackedNoisyLinear)]
 
 
-def stack_networks(networks: list[nn.Module]) -> nn.Module:
-    """One module computing ``networks[i]`` on input row block ``i``, for every ``i``.
+def stack_networks(networks: list[nn.Module], *, noise: bool = True) -> nn.Module:
+    """One module computing ``networks[i]`` on input row block ``i``, for every ``i``;
+    ``noise``: its noisy layers forward with noise (False: with their mean weights).
 
     The networks must share one architecture. Their linear layers are replaced by
     stacked ones holding copies of their parameters and noise; everything else is the
@@ -124,7 +126,7 @@ def stack_networks(networks: list[nn.Module]) -> nn.Module:
         if not name:
             continue
         if isinstance(module, NoisyLinear):
-            replacement: nn.Module = StackedNoisyLinear([m[name] for m in modules])
+            replacement: nn.Module = StackedNoisyLinear([m[name] for m in modules], noise)
         elif type(module) is nn.Linear:
             replacement = StackedLinear([m[name] for m in modules])
         elif any(p is not None for p in module.parameters(recurse=False)) or (
@@ -142,11 +144,14 @@ def stack_networks(networks: list[nn.Module]) -> nn.Module:
     return stacked
 
 
-def with_own_noise(stacked: nn.Module) -> nn.Module:
-    """A copy of ``stacked`` that shares its parameters but has noise buffers (and noise
-    switches) of its own: what a learner updates through without touching the acting
-    noise."""
-    return copy.deepcopy(stacked, memo={id(p): p for p in stacked.parameters()})
+def with_own_noise(stacked: nn.Module, noise: bool) -> nn.Module:
+    """A copy of ``stacked`` that shares its parameters but has noise buffers and noise
+    switches of its own (``noise``: on or off): what a learner updates through without
+    touching the acting noise."""
+    copied = copy.deepcopy(stacked, memo={id(p): p for p in stacked.parameters()})
+    for layer in stacked_noisy_layers(copied):
+        layer.noise_enabled = noise
+    return copied
 
 
 def seed_state_dict(stacked: nn.Module, seed_index: int) -> dict[str, torch.Tensor]:
