@@ -540,7 +540,8 @@ def test_pinned_path_matches_cpu():
         b = pinned.sample(128, generator=gen("cpu", seed))
         assert b.obs.is_cuda
         assert_same(cpu.sample(128, generator=gen("cpu", seed)), b)
-    staged = pinned._sample_slots
+    assert pinned.transfer is not None and not cpu.transfer
+    staged = pinned.transfer.slots
     assert staged is not None
     assert all(t.is_pinned() for group in staged.tensors for t in group)
     assert not pinned._fields[0].is_pinned()  # the staging is pinned, not the whole ring
@@ -576,7 +577,7 @@ def test_back_to_back_non_blocking_samples_are_not_corrupted():
         # Hold the copy stream (or the compute stream) back, so that each copy is still
         # queued while the host gathers the next batches: a staging slot refilled
         # before its copy ran would show up as a mismatch below.
-        stream = pinned._copy_stream if i % 2 == 0 else torch.cuda.current_stream()
+        stream = pinned.transfer.stream if i % 2 == 0 else torch.cuda.current_stream()
         with torch.cuda.stream(stream):
             torch.cuda._sleep(2_000_000)
         b = pinned.sample(512, generator=g_pinned)

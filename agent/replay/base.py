@@ -1,10 +1,10 @@
 """What both replay buffers share (:mod:`agent.replay.flat`, :mod:`agent.replay.frames`): the
 sampled :class:`Batch`, the checks of their arguments and steps, dtype and device
-helpers, and the pinned staging slots of a CUDA learner."""
+helpers, and how batches reach a CUDA learner from host memory (pinned staging)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -14,14 +14,17 @@ __all__ = [
     "FLOAT_DTYPES",
     "Batch",
     "PinnedSlots",
+    "PinnedTransfer",
     "Replay",
     "as_numpy",
     "check_arguments",
     "check_config_state",
     "check_explored",
+    "check_sample_size",
     "check_step",
     "choose_storage",
     "config_state",
+    "delivered",
     "is_cuda",
     "normalize_device",
     "numpy_dtype",
@@ -294,6 +297,61 @@ class PinnedSlots:
     def wait_all(self) -> None:
         for event in self.events:
             event.synchronize()
+
+
+class PinnedTransfer:
+    """Batches from host memory to ``device`` (CUDA): the host gathers into a pinned
+    staging set (allocated once per batch layout, never per batch), which is copied
+    non-blocking on a side stream; the compute stream waits for that copy only, so it
+    overlaps with kernels already queued there."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.slots: PinnedSlots | None = None
+        self.stream = torch.cuda.Stream(device)
+
+    def __call__(
+        self,
+        specs: list[tuple[tuple[int, ...], torch.dtype]],
+        fill: Callable[[tuple[torch.Tensor, ...]], None],
+    ) -> list[torch.Tensor]:
+        """``fill(staged)`` writes the batch into pinned tensors of layout ``specs``
+        (shape, dtype); returns their copies on ``device``, ready on the current stream."""
+        slots = self.slots
+        if slots is None or [(tuple(t.shape), t.dtype) for t in slots.tensors[0]] != specs:
+            if slots is not None:
+                slots.wait_all()  # never drop a set a copy may still read
+            self.slots = slots = PinnedSlots(specs)
+        slot = slots.acquire()  # waits only if this set's previous copy is in flight
+        staged = slots.tensors[slot]
+        fill(staged)
+        compute = torch.cuda.current_stream(self.device)
+        # Allocated and filled on the side stream: it does not wait for the compute stream.
+        with torch.cuda.stream(self.stream):
+            out = [t.to(self.device, non_blocking=True) for t in staged]
+        slots.release(slot, self.stream)
+        compute.wait_stream(self.stream)  # the learner's kernels see the finished copy
+        for t in out:
+            # Memory allocated on the side stream but used on the compute stream: keep
+            # the allocator from reusing it before the compute stream is done with it.
+            t.record_stream(compute)
+        return out
+
+
+def check_sample_size(batch_size: Any, stored: int) -> None:
+    """A ``ValueError`` unless ``1 <= batch_size <= stored`` (an int)."""
+    if not isinstance(batch_size, int) or batch_size > stored or batch_size <= 0:
+        raise ValueError(
+            f"sample(batch_size={batch_size}) needs 1 <= batch_size <= stored "
+            f"transitions, but the buffer holds {stored}"
+        )
+
+
+def delivered(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` moved to ``device`` (its ``indices`` stay where they are)."""
+    weights = batch.weights
+    return Batch(*(t.to(device) for t in batch[:6]), batch.indices,
+                 None if weights is None else weights.to(device))  # fmt: skip
 
 
 KIND_NAMES = {"iu": "an integer", "fiub": "a numeric", "biu": "a bool or integer"}

@@ -50,11 +50,14 @@ from agent.replay.prioritized import PrioritizedSampler, load_priorities, priori
 from agent.replay.base import (
     Batch,
     PinnedSlots,
+    PinnedTransfer,
     check_arguments,
     check_config_state,
     check_explored,
+    check_sample_size,
     check_step,
     config_state,
+    delivered,
     is_cuda,
     normalize_device,
     numpy_dtype,
@@ -166,9 +169,9 @@ class ReplayBuffer:
         # Sampling path. Pinned staging only for a CPU ring feeding a CUDA learner.
         self._pinned = self.storage_device.type == "cpu" and is_cuda(self.device)
         self._moves = not self._pinned and self.storage_device != self.device
-        self._sample_slots: PinnedSlots | None = None  # allocated on first sample
+        self.transfer = PinnedTransfer(self.device) if self._pinned else None
+        """Sampled batches' way to the GPU, for a ring in host memory (else None)."""
         self._draw_slots: PinnedSlots | None = None  # a prioritized draw to a GPU ring
-        self._copy_stream = torch.cuda.Stream(self.device) if self._pinned else None
 
         # n-step windows, one per env (host side), emitting finished transitions here.
         self._windows = NStepWindows(num_envs, n_step, self.gamma, obs_shape, np_obs, self._emit)
@@ -349,11 +352,7 @@ class ReplayBuffer:
         same generator state gives the same batch.
         """
         size = self._size
-        if not isinstance(batch_size, int) or batch_size > size or batch_size <= 0:
-            raise ValueError(
-                f"sample(batch_size={batch_size}) needs 1 <= batch_size <= stored "
-                f"transitions, but the buffer holds {size}"
-            )
+        check_sample_size(batch_size, size)
         if self.priorities is not None:
             slots, weights = self.priorities.sample(batch_size, generator, beta)
             idx = torch.from_numpy(slots)
@@ -415,43 +414,23 @@ class ReplayBuffer:
             idx,
             None if weights is None else weights.to(self.storage_device),
         )
-        if self._moves:  # only unusual pairings reach this (e.g. GPU ring, CPU learner)
-            batch = Batch(*(t.to(self.device) for t in batch[:6]), idx,
-                          None if weights is None else weights.to(self.device))  # fmt: skip
-        return batch
+        # Only unusual pairings move here (e.g. GPU ring, CPU learner).
+        return delivered(batch, self.device) if self._moves else batch
 
     def _gather_pinned(self, idx: torch.Tensor, weights: torch.Tensor | None) -> Batch:
-        """CPU ring -> pinned staging slot -> GPU, the copy on a side stream."""
-        batch_size = idx.shape[0]
-        slots = self._sample_slots
-        specs = [((batch_size, *t.shape[1:]), t.dtype) for t in self._fields]
+        """CPU ring -> pinned staging -> GPU (:class:`PinnedTransfer`)."""
+        specs = [((idx.shape[0], *t.shape[1:]), t.dtype) for t in self._fields]
         if weights is not None:
-            specs.append(((batch_size,), self.float_dtype))
-        if slots is None or [(tuple(t.shape), t.dtype) for t in slots.tensors[0]] != specs:
-            if slots is not None:
-                slots.wait_all()  # never drop a slot a copy may still read
-            # Pinned once per batch size (the learner uses one size), never per batch.
-            self._sample_slots = slots = PinnedSlots(specs)
-        slot = slots.acquire()  # waits only if this slot's previous copy is in flight
-        staged = slots.tensors[slot]
-        for src, dst in zip(self._fields, staged, strict=False):
-            torch.index_select(src, 0, idx, out=dst)  # host gather into pinned memory
-        if weights is not None:
-            staged[6].copy_(weights)
+            specs.append(((idx.shape[0],), self.float_dtype))
 
-        compute = torch.cuda.current_stream(self.device)
-        copy_stream = self._copy_stream
-        assert copy_stream is not None
-        # Allocated and filled on the side stream: it does not wait for the compute
-        # stream, so the copy overlaps with kernels already queued there.
-        with torch.cuda.stream(copy_stream):
-            out = [t.to(self.device, non_blocking=True) for t in staged]
-        slots.release(slot, copy_stream)
-        compute.wait_stream(copy_stream)  # the learner's kernels see the finished copy
-        for t in out:
-            # Memory allocated on the side stream but used on the compute stream: keep
-            # the allocator from reusing it before the compute stream is done with it.
-            t.record_stream(compute)
+        def fill(staged: tuple[torch.Tensor, ...]) -> None:
+            for src, dst in zip(self._fields, staged, strict=False):
+                torch.index_select(src, 0, idx, out=dst)  # host gather into pinned memory
+            if weights is not None:
+                staged[6].copy_(weights)
+
+        assert self.transfer is not None
+        out = self.transfer(specs, fill)
         return Batch(*out[:6], idx, out[6] if weights is not None else None)
 
     # ------------------------------------------------------------------ state

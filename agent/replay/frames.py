@@ -57,16 +57,18 @@ from agent.replay.nstep import NStepWindows
 from agent.replay.prioritized import PrioritizedSampler, load_priorities, priorities_state
 from agent.replay.base import (
     Batch,
-    is_cuda,
-    normalize_device,
-    numpy_dtype,
-    PinnedSlots,
-    torch_dtype,
+    PinnedTransfer,
     check_arguments,
     check_config_state,
     check_explored,
-    config_state,
+    check_sample_size,
     check_step,
+    config_state,
+    delivered,
+    is_cuda,
+    normalize_device,
+    numpy_dtype,
+    torch_dtype,
 )
 
 __all__ = ["FrameReplayBuffer"]
@@ -189,8 +191,8 @@ class FrameReplayBuffer:
         # Sampling: pinned staging only for a CUDA learner.
         self._pinned = is_cuda(self.device)
         self._moves = not self._pinned and self.device != self.storage_device
-        self._sample_slots: PinnedSlots | None = None
-        self._copy_stream = torch.cuda.Stream(self.device) if self._pinned else None
+        self.transfer = PinnedTransfer(self.device) if self._pinned else None
+        """Sampled batches' way to the GPU (None for a learner on the host)."""
 
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
@@ -341,12 +343,7 @@ class FrameReplayBuffer:
         empty slots have none, with importance weights of exponent ``beta``. The same
         generator state gives the same batch.
         """
-        size = self._size
-        if not isinstance(batch_size, int) or batch_size > size or batch_size <= 0:
-            raise ValueError(
-                f"sample(batch_size={batch_size}) needs 1 <= batch_size <= stored "
-                f"transitions, but the buffer holds {size}"
-            )
+        check_sample_size(batch_size, self._size)
         if self.priorities is not None:
             slots, weights = self.priorities.sample(batch_size, generator, beta)
             w = torch.from_numpy(weights.astype(numpy_dtype(self.float_dtype, "weights")))
@@ -405,10 +402,7 @@ class FrameReplayBuffer:
             idx,
             weights,
         )
-        if self._moves:
-            batch = Batch(*(t.to(self.device) for t in batch[:6]), idx,
-                          None if weights is None else weights.to(self.device))  # fmt: skip
-        return batch
+        return delivered(batch, self.device) if self._moves else batch
 
     def _gather_pinned(
         self,
@@ -417,10 +411,9 @@ class FrameReplayBuffer:
         next_frames: torch.Tensor,
         weights: torch.Tensor | None,
     ) -> Batch:
-        """Host gather into a pinned staging slot, then a non-blocking copy on a side stream."""
+        """Host gather into pinned staging, then to the GPU (:class:`PinnedTransfer`)."""
         b = idx.shape[0]
         c, h, w = self.obs_shape
-        slots = self._sample_slots
         specs = [
             ((b, c, h, w), self.obs_dtype),
             ((b,), torch.int64),
@@ -431,29 +424,19 @@ class FrameReplayBuffer:
         ]
         if weights is not None:
             specs.append(((b,), self.float_dtype))
-        if slots is None or [(tuple(t.shape), t.dtype) for t in slots.tensors[0]] != specs:
-            if slots is not None:
-                slots.wait_all()  # never drop a slot a copy may still read
-            self._sample_slots = slots = PinnedSlots(specs)
-        slot = slots.acquire()
-        st = slots.tensors[slot]
-        torch.index_select(self._frames, 0, obs_frames, out=st[0].view(b * c, h, w))
-        torch.index_select(self._actions, 0, idx, out=st[1])
-        torch.index_select(self._rewards, 0, idx, out=st[2])
-        torch.index_select(self._frames, 0, next_frames, out=st[3].view(b * c, h, w))
-        torch.index_select(self._dones, 0, idx, out=st[4])
-        torch.index_select(self._discounts, 0, idx, out=st[5])
-        if weights is not None:
-            st[6].copy_(weights)
-        compute = torch.cuda.current_stream(self.device)
-        copy_stream = self._copy_stream
-        assert copy_stream is not None
-        with torch.cuda.stream(copy_stream):
-            out = [t.to(self.device, non_blocking=True) for t in st]
-        slots.release(slot, copy_stream)
-        compute.wait_stream(copy_stream)
-        for t in out:
-            t.record_stream(compute)
+
+        def fill(st: tuple[torch.Tensor, ...]) -> None:
+            torch.index_select(self._frames, 0, obs_frames, out=st[0].view(b * c, h, w))
+            torch.index_select(self._actions, 0, idx, out=st[1])
+            torch.index_select(self._rewards, 0, idx, out=st[2])
+            torch.index_select(self._frames, 0, next_frames, out=st[3].view(b * c, h, w))
+            torch.index_select(self._dones, 0, idx, out=st[4])
+            torch.index_select(self._discounts, 0, idx, out=st[5])
+            if weights is not None:
+                st[6].copy_(weights)
+
+        assert self.transfer is not None
+        out = self.transfer(specs, fill)
         return Batch(*out[:6], idx, out[6] if weights is not None else None)
 
     # ------------------------------------------------------------------ state
