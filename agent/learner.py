@@ -27,7 +27,10 @@ __all__ = [
     "RunningMetrics",
     "TDLoss",
     "ValueObjective",
+    "make_objective",
     "sync_parameters",
+    "td_loss",
+    "td_loss_numpy",
     "td_target",
     "weighted_mean",
 ]
@@ -128,6 +131,9 @@ class ValueObjective:
     autograd over any leading axes (a seed axis), and numpy with its gradient. Per-sample
     errors ``|Q(s, a) - target|`` are what prioritized replay keeps."""
 
+    support = None  # action values, not atoms (CategoricalObjective has a support)
+    support_np = None
+
     def __init__(self, loss: TDLoss) -> None:
         self.loss = loss
 
@@ -187,6 +193,61 @@ class ValueObjective:
         grad = np.zeros_like(output)
         grad[rows, actions] = grad_taken
         return loss, grad, np.abs(q_taken - target), q_taken.sum() / batch_size
+
+
+Objective = ValueObjective | CategoricalObjective
+
+
+def make_objective(
+    support: torch.Tensor | None, loss: Literal["huber", "mse"], huber_delta: float
+) -> Objective:
+    """The head decides the objective: a network with a ``support`` (a C51 head) learns
+    by C51's cross entropy, any other by the TD ``loss``."""
+    if support is None:
+        return ValueObjective(TDLoss(loss, huber_delta))
+    return CategoricalObjective(support)
+
+
+def td_loss(
+    objective: Objective,
+    output: torch.Tensor,
+    chooser: torch.Tensor,
+    next_target: torch.Tensor,
+    batch: BatchLike,
+    by_row: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The update's loss, one definition for every autograd learner.
+
+    ``output``: the online network's on ``batch.obs``; ``next_target``: the target
+    network's on ``batch.next_obs``, which values the next action, chosen greedily on
+    ``chooser`` (the online network's next-state output for double DQN, else
+    ``next_target``). Leading axes (a seed axis) are kept; ``by_row`` means per row.
+    Returns (the loss, the per-sample errors that prioritized replay keeps, the values of
+    the taken actions), the last two detached.
+    """
+    with torch.no_grad():
+        next_actions = greedy_actions(chooser, objective.support)  # (..., B)
+        target = objective.target(
+            next_target, next_actions, batch.rewards, batch.discounts, batch.dones
+        )
+    return objective.loss_and_errors(output, batch.actions, target, batch.weights, by_row)
+
+
+def td_loss_numpy(
+    objective: Objective,
+    output: np.ndarray,
+    chooser: np.ndarray,
+    next_target: np.ndarray,
+    batch: BatchLike,
+) -> tuple[float, np.ndarray, np.ndarray, float]:
+    """:func:`td_loss` on the numpy backend's outputs (CPU tensors in ``batch``), with
+    the gradient written out: (the loss, its gradient with respect to ``output``, the
+    per-sample errors, the mean value of the taken actions)."""
+    next_actions = greedy_actions(chooser, objective.support_np)  # (B,)
+    target = objective.target_numpy(next_target, next_actions, batch.rewards.numpy(),
+                                    batch.discounts.numpy(), batch.dones.numpy())  # fmt: skip
+    weights = None if batch.weights is None else batch.weights.numpy()
+    return objective.loss_numpy(output, batch.actions.numpy(), target, weights)
 
 
 class RunningMetrics:
@@ -272,11 +333,7 @@ class Learner:
         self.target_network = target_network
         self.double_dqn = double_dqn
         self.support = support_of(q_network)
-        self.objective: ValueObjective | CategoricalObjective = (
-            ValueObjective(TDLoss(loss, huber_delta))
-            if self.support is None
-            else CategoricalObjective(self.support)
-        )
+        self.objective = make_objective(self.support, loss, huber_delta)
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         draws = noise and update_noise > 0  # the updates run on noise of their own
@@ -334,14 +391,8 @@ class Learner:
         out, out_next_online = out_both[:batch_size], out_both[batch_size:].detach()
         with torch.no_grad():
             out_next_target = self.target_network(batch.next_obs)
-            chooser = out_next_online if self.double_dqn else out_next_target
-            next_actions = greedy_actions(chooser, self.support)  # (B,)
-            target = self.objective.target(
-                out_next_target, next_actions, batch.rewards, batch.discounts, batch.dones
-            )
-        loss, errors, q_taken = self.objective.loss_and_errors(
-            out, batch.actions, target, batch.weights
-        )
+        chooser = out_next_online if self.double_dqn else out_next_target
+        loss, errors, q_taken = td_loss(self.objective, out, chooser, out_next_target, batch)
 
         self.optimizer.zero_grad()
         loss.backward()
@@ -405,8 +456,6 @@ class _NumpyUpdate:
         self.online = online
         self.target = target
         self._sums = learner.running.sums.numpy()  # the running metric sums, a view
-        support = learner.support
-        self.support = None if support is None else support.numpy()
         self._flat_grad = learner.optimizer.flat_grad.numpy()  # every gradient, a view
         self._share_stage = bool(online.input_key) and online.input_key == target.input_key
 
@@ -432,9 +481,7 @@ class _NumpyUpdate:
         learner = self.learner
         learner.draw_update_noise()  # the same draws as the autograd path
         obs, next_obs = batch.obs.numpy(), batch.next_obs.numpy()
-        actions = batch.actions.numpy()
-        batch_size = len(actions)
-        weights = None if batch.weights is None else batch.weights.numpy()
+        batch_size = len(obs)
 
         # One online forward over obs and next_obs together (the same noise for both, as
         # the autograd path); backward reads only obs's rows of it.
@@ -445,11 +492,9 @@ class _NumpyUpdate:
         stage = self.online.input_stage(slice(batch_size, None)) if self._share_stage else None
         out_next_target = self.target.forward(next_obs, stage=stage)
         chooser = out_next_online if learner.double_dqn else out_next_target
-        next_actions = greedy_actions(chooser, self.support)  # (B,)
-        objective = learner.objective
-        target = objective.target_numpy(out_next_target, next_actions, batch.rewards.numpy(),
-                                        batch.discounts.numpy(), batch.dones.numpy())  # fmt: skip
-        loss, grad_out, errors, q_taken = objective.loss_numpy(out, actions, target, weights)
+        loss, grad_out, errors, q_taken = td_loss_numpy(
+            learner.objective, out, chooser, out_next_target, batch
+        )
 
         sink = self.online.sink
         sink.clear()

@@ -43,11 +43,12 @@ class Adam:
         eps: added to the denominator (``sqrt(v_hat) + eps``), as in ``torch.optim.Adam``.
         fused: use PyTorch's fused Adam kernel; ``None`` (default) does where it exists
             (CPU, CUDA, meta).
-        rows: hand the kernel each parameter as this many blocks along its first axis
-            (the seed axis of stacked networks, :mod:`agent.seeds`): a block then
+        rows: the parameters are stacked learners' (the seed axis of stacked networks,
+            :mod:`agent.seeds`), this many along their first axis; None (default): one
+            learner's. The kernel takes each parameter as ``rows`` blocks: a block then
             steps the same to the bit whatever the number of blocks, where a whole
             parameter's last elements would go through the kernel's scalar remainder
-            loop, which rounds otherwise than its vector loop.
+            loop, which rounds otherwise than its vector loop. Clipping is per row.
 
     Call :meth:`zero_grad` before ``backward``: it also re-attaches the flat
     gradient views, should anything have replaced a ``.grad``.
@@ -61,7 +62,7 @@ class Adam:
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         fused: bool | None = None,
-        rows: int = 1,
+        rows: int | None = None,
     ) -> None:
         self.params = list(params)
         self.rows = rows
@@ -145,11 +146,26 @@ class Adam:
         """Scale the gradients so that their global L2 norm is at most ``max_norm``.
 
         The same rule as ``torch.nn.utils.clip_grad_norm_``; returns the norm before
-        clipping, as a tensor on the device (no host read).
+        clipping, as a tensor on the device (no host read). With ``rows``, each row (one
+        stacked learner's parameters) is clipped by its own norm, ``(rows,)`` returned.
         """
+        if self.rows is not None:
+            return self._clip_by_row(max_norm)
         norm = torch.linalg.vector_norm(self.flat_grad)
         self.flat_grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return norm
+
+    def _clip_by_row(self, max_norm: float) -> torch.Tensor:
+        rows = self.rows
+        assert rows is not None
+        per_param = [torch.linalg.vector_norm(g.reshape(rows, -1), dim=1) for g in self._grads]
+        # Each row's norm over its own parameters (rows, P): a reduction along the
+        # parameters axis of (P, rows) would sum in an order that depends on rows.
+        norms = torch.linalg.vector_norm(torch.stack(per_param, dim=1), dim=1)  # (rows,)
+        scale = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+        for g in self._grads:
+            g.mul_(scale.view(-1, *([1] * (g.dim() - 1))))
+        return norms
 
     @torch.no_grad()
     def step(self) -> None:
@@ -185,10 +201,10 @@ class Adam:
         lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
         tensors = (self.params, self._grads, self._exp_avgs, self._exp_avg_sqs)
         for i in which:
-            blocks = self.rows if self.rows > 1 else 1
-            for r in range(blocks):
+            split = self.rows is not None and self.rows > 1
+            for r in range(self.rows if split else 1):
                 for out, source in zip(lists, tensors, strict=False):
-                    out.append(source[i][r] if self.rows > 1 else source[i])
+                    out.append(source[i][r] if split else source[i])
                 lists[4].append(self._step_list[i])
         return lists  # type: ignore[return-value]
 

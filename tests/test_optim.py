@@ -102,6 +102,28 @@ def test_clipping_scales_to_the_max_norm_and_leaves_small_gradients_alone() -> N
     torch.testing.assert_close(opt.flat_grad, small)
 
 
+def test_rows_are_clipped_each_by_its_own_norm_as_alone() -> None:
+    # Two stacked learners (rows=2): each row clipped as an Adam over that row alone.
+    gen = torch.Generator().manual_seed(0)
+    weight = nn.Parameter(torch.zeros(2, 3, 4))
+    bias = nn.Parameter(torch.zeros(2, 3))
+    stacked = Adam([weight, bias], lr=1e-3, rows=2)
+    stacked.flat_grad.copy_(torch.randn(stacked.flat_grad.shape, generator=gen))
+    stacked.grads[0][1].mul_(100.0)  # row 1 far above the bound, row 0 below it
+    rows_before = [[g[r].clone() for g in stacked.grads] for r in range(2)]
+
+    norms = stacked.clip_grad_norm_(5.0)
+
+    for r, before in enumerate(rows_before):
+        alone = Adam([nn.Parameter(g.clone()) for g in before], lr=1e-3)
+        torch.cat([g.reshape(-1) for g in before], out=alone.flat_grad)
+        norm = alone.clip_grad_norm_(5.0)
+        torch.testing.assert_close(norms[r], norm)
+        for got, want in zip([g[r] for g in stacked.grads], alone.grads, strict=True):
+            torch.testing.assert_close(got, want)
+    assert norms[0] < 5.0 < norms[1]
+
+
 def test_step_and_clip_never_wait_for_the_device() -> None:
     net = _net()
     opt = Adam(net.parameters(), lr=1e-3)

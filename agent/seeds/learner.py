@@ -8,11 +8,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from agent.distributional import CategoricalObjective
-from agent.learner import BatchLike, Metrics, TDLoss, ValueObjective, sync_parameters
+from agent.learner import BatchLike, Metrics, make_objective, sync_parameters, td_loss
 from agent.optim import Adam
 from agent.seeds.stacked import NoiseDraw, stacked_noisy_layers, with_own_noise
-from agent.values import greedy_actions, support_of
+from agent.values import support_of
 
 __all__ = ["SeedLearner", "diverged"]
 
@@ -57,11 +56,7 @@ class SeedLearner:
         self.generators = generators
         self.double_dqn = double_dqn
         self.support = support_of(q_network)  # one support, shared by every seed
-        self.objective: ValueObjective | CategoricalObjective = (
-            ValueObjective(TDLoss(loss, huber_delta))
-            if self.support is None
-            else CategoricalObjective(self.support)
-        )
+        self.objective = make_objective(self.support, loss, huber_delta)
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         self.update_noise = update_noise
@@ -98,18 +93,14 @@ class SeedLearner:
                 chooser = self.online_for_update(batch.next_obs)
             else:
                 chooser = out_next_target
-            next_actions = greedy_actions(chooser, self.support)  # (S, B)
-            target = self.objective.target(
-                out_next_target, next_actions, batch.rewards, batch.discounts, batch.dones
-            )
-        losses, errors, q_taken = self.objective.loss_and_errors(
-            out, batch.actions, target, batch.weights, by_row=True
+        losses, errors, q_taken = td_loss(
+            self.objective, out, chooser, out_next_target, batch, by_row=True
         )  # (S,), (S, B), (S, B)
 
         self.optimizer.zero_grad()
         losses.sum().backward()  # seed i's parameters get seed i's gradient only
         if self.max_grad_norm is not None:
-            self._clip_by_seed(self.max_grad_norm)
+            self.optimizer.clip_grad_norm_(self.max_grad_norm)  # per seed
         self.optimizer.step()
 
         with torch.no_grad():
@@ -117,19 +108,6 @@ class SeedLearner:
         self._count += 1
         self.updates += 1
         return errors
-
-    @torch.no_grad()
-    def _clip_by_seed(self, max_norm: float) -> None:
-        """Each seed's gradients scaled to an L2 norm of at most ``max_norm`` (the rule of
-        ``torch.nn.utils.clip_grad_norm_``, per seed)."""
-        grads = self.optimizer.grads
-        per_param = [torch.linalg.vector_norm(g.reshape(self.seeds, -1), dim=1) for g in grads]
-        # Each seed's norm over its own row (S, P): a reduction along the parameters axis of
-        # (P, S) would sum in an order that depends on S.
-        norms = torch.linalg.vector_norm(torch.stack(per_param, dim=1), dim=1)  # (S,)
-        scale = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(scale.view(-1, *([1] * (g.dim() - 1))))
 
     def sync_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average of every seed's online parameters."""
