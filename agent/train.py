@@ -111,33 +111,9 @@ class TrainResult:
     """Wall seconds of the final evaluation (included in ``wall_time_s``)."""
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def crossed(step: int, stride: int, interval: int) -> bool:
     """True when the last ``stride`` steps (one vector step) passed a multiple of ``interval``."""
     return step // interval != (step - stride) // interval
-
-
-
-
-
-
 
 
 class Checkpoints:
