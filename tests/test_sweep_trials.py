@@ -10,7 +10,7 @@ import pytest
 
 from agent.errors import UserError
 from agent.sweep.local import run_local
-from agent.sweep.trials import Trial, trials_of_points, write_manifest
+from agent.sweep.trials import Trial, remaining, trials_of_points, write_manifest
 
 SHORT = {"total_steps": 600, "learning_starts": 200, "random_starts": 200, "eval_interval": 0,
          "eval_episodes": 2, "confirm_episodes": 0, "early_stop": False}  # fmt: skip
@@ -51,3 +51,21 @@ def test_a_local_sweep_over_two_envs_calls_its_hook_as_each_trial_finishes(
     status = run_local(tmp_path, manifest, trials, progress=False, out=io.StringIO(),
                        on_done=on_done)  # fmt: skip
     assert status == 0 and landed == ["cart seed=1", "acro seed=1"]
+
+
+def test_a_resumed_sweep_finishes_its_started_runs_first_then_keeps_the_manifests_order(
+    tmp_path: Path,
+) -> None:
+    points = [{"env_id": "CartPole-v1"}, {"env_id": "CartPole-v1", "n_step": 1},
+              {"env_id": "CartPole-v1", "n_step": 2}]  # fmt: skip
+    by_point = trials_of_points(None, None, SHORT, [1, 2], points, ["a", "b", "c"])
+    trials = sorted(by_point, key=lambda t: t.seed)  # a seed-major manifest: a1 b1 c1 a2 b2 c2
+    for done in ("a/seed_1", "b/seed_1"):
+        (tmp_path / done).mkdir(parents=True)
+        (tmp_path / done / "result.json").write_text('{"status": "finished"}')
+    (tmp_path / "c/seed_2/checkpoints").mkdir(parents=True)
+    (tmp_path / "c/seed_2/checkpoints/last.pt").write_bytes(b"")  # stopped mid-run
+
+    order = [t.run_dir for t in remaining(tmp_path, trials)]
+
+    assert order == ["c/seed_1", "c/seed_2", "a/seed_2", "b/seed_2"]

@@ -29,7 +29,7 @@ from typing import Any
 from agent.usage import command
 from agent.errors import UserError
 from agent.sweep.report import format_number, write_summary
-from agent.sweep.trials import DONE, Trial, by_grid_point, read_result, trial_state
+from agent.sweep.trials import DONE, Trial, by_grid_point, read_result, remaining, trial_state
 from agent.sweep.worker import run_trials, unpack
 
 __all__ = [
@@ -228,7 +228,7 @@ def run_sweep(
     """
     out = out or sys.stdout
     start = time.perf_counter()
-    todo = [t for t in trials if trial_state(sweep_dir, t) != "done"]
+    todo = remaining(sweep_dir, trials)
     skipped = len(trials) - len(todo)
     display = _Display(len(trials), progress)
     display.done = skipped

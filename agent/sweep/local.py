@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.sweep.driver import done_line, end_sweep
-from agent.sweep.trials import Trial, by_grid_point, trial_state
+from agent.sweep.trials import Trial, by_grid_point, remaining, trial_state
 from agent.sweep.worker import resume_point
 
 __all__ = ["check_local", "run_local"]
@@ -57,7 +57,7 @@ def run_local(
 
     out = out or sys.stdout
     start = time.perf_counter()
-    todo = [t for t in trials if trial_state(sweep_dir, t) != "done"]
+    todo = remaining(sweep_dir, trials)
     if len(todo) < len(trials):
         print(f"{len(trials) - len(todo)} of {len(trials)} trials already finished: "
               "not run again", file=out)  # fmt: skip

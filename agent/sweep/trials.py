@@ -26,6 +26,7 @@ __all__ = [
     "is_sweep_dir",
     "read_manifest",
     "read_result",
+    "remaining",
     "trial_state",
     "trials_of_points",
     "write_manifest",
@@ -168,6 +169,20 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return json.loads((run_dir / "result.json").read_text())
     except (OSError, ValueError):
         return None
+
+
+def remaining(sweep_dir: Path, trials: list[Trial]) -> list[Trial]:
+    """The trials not done yet, grouped by grid point in the order a sweep runs them: the
+    grid points with a run stopped at a checkpoint first (a resumed sweep finishes what it
+    had started before it starts anything new), then the others; each part in the order
+    the grid points first appear in the manifest, done trials included."""
+    first: dict[str, int] = {}
+    for i, t in enumerate(trials):
+        first.setdefault(t.label, i)
+    states = [(t, trial_state(sweep_dir, t)) for t in trials]
+    todo = [t for t, state in states if state != "done"]
+    started = {t.label for t, state in states if state == "interrupted"}
+    return sorted(todo, key=lambda t: (t.label not in started, first[t.label]))  # stable
 
 
 def trial_state(sweep_dir: Path, trial: Trial) -> str:
