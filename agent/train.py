@@ -13,10 +13,10 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from agent.learner import Metrics, NonFiniteError
 from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.replay import Replay
+from agent.replay.base import Batch
 from agent.replay.prioritized import annealed_beta
 from agent.setup import (
     Agent,
@@ -52,12 +53,15 @@ from agent.signals import StopSignals
 from agent.tracking import Tracker
 from envs import episode_seed
 
-# The loop's pieces beside train() are public too: seeds/group.py steps S such runs
-# together with them (prepare_run, Checkpoints, log_training, finish_run, ...); the set-up's
-# names are re-exported from agent/setup.py.
+# The loop's pieces beside train() are public too: seeds/group.py runs train_loop with S
+# such runs as its members (prepare_run, Checkpoints, finish_run, ...); the set-up's names
+# are re-exported from agent/setup.py.
 __all__ = [
     "Agent",
     "Checkpoints",
+    "Learning",
+    "Member",
+    "OwnAgent",
     "Run",
     "TrainResult",
     "build_agent",
@@ -74,6 +78,7 @@ __all__ = [
     "resolve_device",
     "run_outputs",
     "train",
+    "train_loop",
 ]
 
 # Replay states behind the exploration/* scalars, drawn at each log (batch_size at a time).
@@ -186,56 +191,180 @@ def train(
     """
     wall_start = time.perf_counter()
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
-        # --- set-up: environments, agent, random streams; a resume restores them ---
+        # Environments, agent, random streams (a resume restores them), then the outputs.
         run = prepare_run(cfg, Path(run_dir), checkpoint, cleanup, echo)
-        counters, explore = run.counters, run.agent.exploration
-        selector, replay, learner = run.agent.selector, run.agent.replay, run.agent.learner
-        update = run.agent.update
-        monitor, checkpoints, evaluate = run_outputs(run, wall_start, progress, lambda: run.obs)
-        cleanup.callback(close_quietly, monitor)  # flushes the events, whatever happens
-        status: Literal["finished", "solved", "interrupted"] = "finished"
-        n = cfg.num_envs
-        announce(run, echo, checkpoints.buffer_left_out)
+        member = Member(run, *run_outputs(run, wall_start, progress, lambda: run.obs))
+        cleanup.callback(close_quietly, member.monitor)  # flushes the events, whatever happens
+        announce(run, echo, member.checkpoints.buffer_left_out)
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
-        while counters.global_step < cfg.total_steps:
-            # --- act: greedy on a noisy net; the exploration policy on top, in env_step ---
-            actions = selector(run.obs, explore.fresh_noise())  # (n,) int64: the host read
+        outcomes: list[str | BaseException] = []
+        train_loop([member], OwnAgent(run.agent), cfg, stop,
+                   end=lambda _, outcome: outcomes.append(outcome))  # fmt: skip
+        if isinstance(outcomes[0], BaseException):
+            raise outcomes[0]
+        # The end: save, then measure the final policy on fresh episodes.
+        return finish_run(run, member.monitor, member.checkpoints, member.evaluate, run.obs,
+                          outcomes[0], stop.received)  # type: ignore[arg-type]  # fmt: skip
 
-            # --- step the environments: real transitions into replay, ended episodes reset ---
-            env_step(run, monitor, actions)
-            step = counters.global_step
 
-            # --- learn: one update per train_freq env steps, once learning has started ---
-            if step >= counters.learning_starts and len(replay) >= cfg.batch_size:
-                beta = annealed_beta(cfg.priority_beta, step / cfg.total_steps)
-                while learner.updates < counters.updates_due(cfg.train_freq):
-                    batch = replay.sample(cfg.batch_size, run.sample_generator, beta)
-                    if run.augment is not None:  # e.g. DrQ's random shift of the images
-                        batch = run.augment(batch)
-                    # per-sample errors, for a prioritized replay's priorities
-                    replay.update_priorities(batch.indices, update(batch))
-                if crossed(step, n, cfg.target_update_interval):
-                    learner.sync_target()
+@dataclass
+class Member:
+    """A run inside :func:`train_loop`: its components and its outputs."""
 
-            # --- log: where the learner's metrics become floats ---
-            if crossed(step, n, cfg.log_interval):
-                log_training(run, monitor, step, learner.metrics(), learner.updates)
+    run: Run
+    monitor: Monitor
+    checkpoints: Checkpoints
+    evaluate: Evaluator
 
-            # --- evaluate the noise-free policy; stop early once solved ---
-            if cfg.eval_interval and crossed(step, n, cfg.eval_interval) and evaluate(step):
-                counters.solved_step = step
-                status = "solved"
-                break
+    def sample(self, batch_size: int, beta: float) -> Batch:
+        """A replay batch for an update, augmented where the run augments (DrQ's shift)."""
+        run = self.run
+        batch = run.agent.replay.sample(batch_size, run.sample_generator, beta)
+        return batch if run.augment is None else run.augment(batch)
 
-            # --- checkpoint; Ctrl-C or SIGTERM saves and stops ---
-            if crossed(step, n, cfg.checkpoint_interval):
-                checkpoints.save_last(run.obs)
-            if stop.received is not None:
-                status = "interrupted"
-                break
 
-        # --- the end: save, then measure the final policy on fresh episodes ---
-        return finish_run(run, monitor, checkpoints, evaluate, run.obs, status, stop.received)
+class Learning(Protocol):
+    """How :func:`train_loop`'s members act and learn, one call for all of them: a single
+    run's own agent (:class:`OwnAgent`) or S seeds' stacked networks
+    (:class:`agent.seeds.group.SeedStack`)."""
+
+    @property
+    def updates(self) -> int: ...
+
+    def act(self, obs: list[np.ndarray]) -> np.ndarray:
+        """Each member's greedy actions ``(S, n)``; fresh noise where its exploration
+        policy asks for it."""
+        ...
+
+    def update(self, batches: list[Batch]) -> None:
+        """One gradient step per member on its batch; priorities back to its replay."""
+        ...
+
+    def sync_target(self) -> None: ...
+
+    def metrics(self) -> list[Metrics | NonFiniteError | None]:
+        """Each member's learner means since the last call; an error where it diverged."""
+        ...
+
+    def write_back(self) -> None:
+        """Each member's own networks and learner up to date, before anything reads them."""
+        ...
+
+    def without(self, kept: list[int]) -> Learning:
+        """The same learning for the members ``kept`` only (the others left the loop)."""
+        ...
+
+
+class OwnAgent:
+    """A single run's agent as :class:`Learning`: its selector, update and learner."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    @property
+    def updates(self) -> int:
+        return self.agent.learner.updates
+
+    def act(self, obs: list[np.ndarray]) -> np.ndarray:
+        agent = self.agent
+        return agent.selector(obs[0], agent.exploration.fresh_noise())[None]
+
+    def update(self, batches: list[Batch]) -> None:
+        # per-sample errors, for a prioritized replay's priorities
+        self.agent.replay.update_priorities(batches[0].indices, self.agent.update(batches[0]))
+
+    def sync_target(self) -> None:
+        self.agent.learner.sync_target()
+
+    def metrics(self) -> list[Metrics | NonFiniteError | None]:
+        try:
+            return [self.agent.learner.metrics()]
+        except NonFiniteError as e:
+            return [e]
+
+    def write_back(self) -> None:
+        pass  # the agent learns in place
+
+    def without(self, kept: list[int]) -> Learning:
+        return self
+
+
+def train_loop(
+    members: Sequence[Member],
+    learning: Learning,
+    cfg: Config,
+    stop: StopSignals,
+    end: Callable[[Member, str | BaseException], Any],
+    bar: Any = None,
+) -> None:
+    """The training loop, for one run or S seeds stepped together (``members``; their
+    counters move together). Returns once every member has ended: ``end`` gets each with
+    its status (``finished``, ``solved``, ``interrupted``) or the error that ended it, and
+    finishes it. ``bar``: a tqdm bar that counts the env steps, if any."""
+    n = cfg.num_envs
+    members = list(members)  # those still training
+    counters = members[0].run.counters
+    if counters.global_step >= cfg.total_steps:  # resumed at the end: nothing left to step
+        for member in members:
+            end(member, "finished")
+        return
+    while members:
+        # --- act: greedy on a noisy net; the exploration policy on top, in env_step ---
+        actions = learning.act([m.run.obs for m in members])  # (S, n) int64: the host read
+        for member, member_actions in zip(members, actions, strict=True):
+            # --- step the environments: transitions into replay, ended episodes reset ---
+            env_step(member.run, member.monitor, member_actions)
+        step = counters.global_step
+        if bar is not None:
+            bar.update(n)
+
+        # --- learn: one update per train_freq env steps, once learning has started ---
+        if step >= counters.learning_starts and len(members[0].run.agent.replay) >= cfg.batch_size:
+            beta = annealed_beta(cfg.priority_beta, step / cfg.total_steps)
+            while learning.updates < counters.updates_due(cfg.train_freq):
+                learning.update([m.sample(cfg.batch_size, beta) for m in members])
+            if crossed(step, n, cfg.target_update_interval):
+                learning.sync_target()
+
+        # --- log, evaluate (stop early once solved), checkpoint: each member on its own ---
+        leaving: dict[int, str | BaseException] = {}
+        log = crossed(step, n, cfg.log_interval)
+        evaluate = bool(cfg.eval_interval) and crossed(step, n, cfg.eval_interval)
+        save = crossed(step, n, cfg.checkpoint_interval)
+        last = step >= cfg.total_steps or stop.received is not None
+        if log or evaluate or save or last:
+            learning.write_back()
+        if log:  # where the learner's metrics become floats
+            for i, metrics in enumerate(learning.metrics()):
+                if isinstance(metrics, NonFiniteError):
+                    leaving[i] = metrics
+                else:
+                    log_training(members[i].run, members[i].monitor, step, metrics,
+                                 learning.updates)  # fmt: skip
+            if bar is not None:
+                bar.set_postfix(seeds=len(members))
+        for i, member in enumerate(members):
+            if i in leaving:
+                continue
+            if evaluate and member.evaluate(step):
+                member.run.counters.solved_step = step
+                leaving[i] = "solved"
+            elif save:
+                member.checkpoints.save_last(member.run.obs)
+        # --- the end of the budget, or Ctrl-C / SIGTERM: save and stop ---
+        if last:
+            status = "interrupted" if stop.received is not None else "finished"
+            leaving.update({i: status for i in range(len(members)) if i not in leaving})
+
+        # --- members that are done leave; the rest go on ---
+        if leaving:
+            for i in sorted(leaving):
+                end(members[i], leaving[i])
+            kept = [i for i in range(len(members)) if i not in leaving]
+            members = [members[i] for i in kept]
+            if members:
+                learning = learning.without(kept)
+                counters = members[0].run.counters
 
 
 def env_step(run: Run, monitor: Monitor, actions: np.ndarray) -> None:

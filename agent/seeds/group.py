@@ -23,6 +23,7 @@ A seed that solves its env (early stop) or diverges leaves the stack, and the re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -38,28 +39,22 @@ from agent import streams
 from agent.checkpoint import resume_exactness
 from agent.config import Config
 from agent.errors import UserError
-from agent.evaluate import Evaluator
-from agent.learner import NonFiniteError
-from agent.monitor import Monitor
+from agent.learner import Metrics, NonFiniteError
 from agent.replay import ReplayBuffer
 from agent.replay.base import Batch
-from agent.replay.prioritized import annealed_beta
 from agent.seeds.learner import SeedLearner, diverged
 from agent.seeds.stacked import NoiseDraw, seed_state_dict, stack_networks, stacked_noisy_layers
 from agent.signals import StopSignals
 from agent.values import greedy_actions, support_of
 from agent.train import (
-    Checkpoints,
-    Run,
+    Member,
     TrainResult,
     close_quietly,
-    crossed,
-    env_step,
     finish_run,
     learner_settings,
-    log_training,
     prepare_run,
     run_outputs,
+    train_loop,
 )
 from envs import inspect_env
 
@@ -129,15 +124,11 @@ def check_memory(cfg: Config, obs_shape: tuple[int, ...], obs_dtype: str, seeds:
 
 
 @dataclass
-class Seed:
-    """One seed of a group: its run and the loop's per-seed state."""
+class Seed(Member):
+    """One seed of a group: its run, its outputs and its own noise streams."""
 
-    run: Run
-    monitor: Monitor
-    checkpoints: Checkpoints
-    evaluate: Evaluator
-    act_generator: torch.Generator
-    update_generator: torch.Generator
+    act_generator: torch.Generator = dataclasses.field(kw_only=True)
+    update_generator: torch.Generator = dataclasses.field(kw_only=True)
 
     def state_dict(self) -> dict[str, Any]:
         """The seed's own noise streams (``last.pt``'s ``GROUP_KEY``)."""
@@ -154,7 +145,8 @@ class Seed:
 
 
 class SeedStack:
-    """The stacked networks, learner and acting noise of the seeds still training.
+    """The stacked networks, learner and acting noise of the seeds still training: the
+    loop's :class:`~agent.train.Learning` for a group.
 
     Built from the seeds' own networks and learners (so a stack can be rebuilt from them
     at any time: when a seed leaves, or on a resume); :meth:`write_back` puts the stack's
@@ -164,7 +156,7 @@ class SeedStack:
     def __init__(
         self, seeds: list[Seed], cfg: Config, carry: tuple[SeedLearner, list[int]] | None = None
     ) -> None:
-        self.seeds = seeds
+        self.seeds, self.cfg = list(seeds), cfg
         agents = [s.run.agent for s in seeds]
         noisy = agents[0].exploration.noisy  # epsilon-greedy acts on the mean weights
         self.q_network = stack_networks([a.q_network for a in agents], noise=noisy)
@@ -181,15 +173,20 @@ class SeedStack:
         self._draw = NoiseDraw(layers) if noisy and layers else None
         self.device = next(self.q_network.parameters()).device
 
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        """Greedy actions ``(S, n)`` for observations ``(S, n, *obs_shape)``; fresh noise
-        is drawn for the seeds whose exploration policy asks for it."""
+    @property
+    def updates(self) -> int:
+        return self.learner.updates
+
+    def act(self, obs: list[np.ndarray]) -> np.ndarray:
+        """Greedy actions ``(S, n)`` for each seed's observations ``(n, *obs_shape)``;
+        fresh noise is drawn for the seeds whose exploration policy asks for it."""
         fresh = np.array([s.run.agent.exploration.fresh_noise() for s in self.seeds])
         if self._draw is not None and fresh.any():
             which = None if fresh.all() else np.flatnonzero(fresh).tolist()
             self._draw([s.act_generator for s in self.seeds], seeds=which)
         with torch.inference_mode():
-            output = self.q_network(torch.from_numpy(obs).to(self.device))  # (S, n, A[, N])
+            stacked = torch.from_numpy(np.stack(obs)).to(self.device)  # (S, n, *obs_shape)
+            output = self.q_network(stacked)  # (S, n, A[, N])
             return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
 
     def update(self, batches: list[Batch]) -> None:
@@ -198,6 +195,23 @@ class SeedStack:
         errors = self.learner.update(Batch.stack(batches))  # (S, B)
         for seed, batch, seed_errors in zip(self.seeds, batches, errors, strict=True):
             seed.run.agent.replay.update_priorities(batch.indices, seed_errors)
+
+    def sync_target(self) -> None:
+        self.learner.sync_target()
+
+    def metrics(self) -> list[Metrics | NonFiniteError | None]:
+        """Each seed's learner means since the last call; an error for each that diverged
+        (the others go on)."""
+        metrics = self.learner.metrics()
+        if metrics is None:
+            return [None] * len(self.seeds)
+        bad = set(diverged(metrics))
+        return [NonFiniteError(f"non-finite TD loss ({m.td_loss}) or Q ({m.q_values})")
+                if i in bad else m for i, m in enumerate(metrics)]  # fmt: skip
+
+    def without(self, kept: list[int]) -> SeedStack:
+        """A stack of the seeds ``kept``, rebuilt from their written-back parts."""
+        return SeedStack([self.seeds[i] for i in kept], self.cfg, carry=(self.learner, kept))
 
     @torch.no_grad()
     def write_back(self) -> None:
@@ -274,13 +288,17 @@ def train_group(
             how = resume_exactness(checkpoints[0] or {})
             echo(f"resuming {len(seeds)} seeds at step {step:,}, saved {how}")
 
-        def end(seed: Seed, outcome: TrainResult | BaseException) -> None:
-            results[index[id(seed)]] = outcome
-            if on_done is not None and isinstance(outcome, TrainResult):
-                on_done(outcome)
-
         stop = cleanup.enter_context(StopSignals())
-        _loop(seeds, cfg, bar, stop, end)  # returns once every seed has ended
+
+        def end(seed: Member, outcome: str | BaseException) -> None:
+            assert isinstance(seed, Seed)
+            result = _finish(seed, outcome, stop.received)
+            results[index[id(seed)]] = result
+            if on_done is not None and isinstance(result, TrainResult):
+                on_done(result)
+
+        # the loop of a single run, every seed a member; returns once every seed has ended
+        train_loop(seeds, SeedStack(seeds, cfg), cfg, stop, end, bar)
     return [r for r in results if r is not None]
 
 
@@ -307,79 +325,13 @@ def _prepare_seed(
     return seed
 
 
-def _loop(
-    seeds: list[Seed],
-    cfg: Config,
-    bar: tqdm,
-    stop: StopSignals,
-    end: Callable[[Seed, TrainResult | BaseException], None],
-) -> None:
-    """The group's training loop: agent/train.py's loop, one step of every seed at a time."""
-    n = cfg.num_envs
-    stack = SeedStack(seeds, cfg)
-    while seeds:
-        counters = seeds[0].run.counters  # every seed's counters move together
-        # --- act: one stacked forward for every seed, then each seed's exploration ---
-        actions = stack.act(np.stack([s.run.obs for s in seeds]))  # (S, n)
-        for i, seed in enumerate(seeds):
-            env_step(seed.run, seed.monitor, actions[i])
-        step = counters.global_step
-        bar.update(n)
-
-        # --- learn: one stacked update per train_freq env steps ---
-        if step >= counters.learning_starts and len(seeds[0].run.agent.replay) >= cfg.batch_size:
-            beta = annealed_beta(cfg.priority_beta, step / cfg.total_steps)
-            while stack.learner.updates < counters.updates_due(cfg.train_freq):
-                stack.update([
-                    s.run.agent.replay.sample(cfg.batch_size, s.run.sample_generator, beta)
-                    for s in seeds
-                ])  # fmt: skip
-            if crossed(step, n, cfg.target_update_interval):
-                stack.learner.sync_target()
-
-        # --- log, evaluate and checkpoint each seed, from its own (written back) parts ---
-        leaving: dict[int, TrainResult | BaseException | str] = {}
-        log = crossed(step, n, cfg.log_interval)
-        evaluate = bool(cfg.eval_interval) and crossed(step, n, cfg.eval_interval)
-        save = crossed(step, n, cfg.checkpoint_interval)
-        last = step >= cfg.total_steps or stop.received is not None
-        if log or evaluate or save or last:
-            stack.write_back()
-        if log:
-            metrics = stack.learner.metrics()
-            for i in [] if metrics is None else diverged(metrics):
-                leaving[i] = _diverged(seeds[i], step)
-            for i, seed in enumerate(seeds):
-                if i not in leaving:
-                    m = None if metrics is None else metrics[i]
-                    log_training(seed.run, seed.monitor, step, m, stack.learner.updates)
-            bar.set_postfix(seeds=len(seeds))
-        for i, seed in enumerate(seeds):
-            if i in leaving:
-                continue
-            if evaluate and seed.evaluate(step):
-                seed.run.counters.solved_step = step
-                leaving[i] = "solved"
-            elif save:
-                seed.checkpoints.save_last(seed.run.obs)
-        if last:
-            status = "finished" if step >= cfg.total_steps else "interrupted"
-            leaving.update({i: status for i in range(len(seeds)) if i not in leaving})
-
-        # --- seeds that are done leave the stack; each ends as a single run ends ---
-        if leaving:
-            for i, outcome in leaving.items():
-                end(seeds[i], _finish(seeds[i], outcome, stop.received))
-            kept = [i for i in range(len(seeds)) if i not in leaving]
-            seeds[:] = [seeds[i] for i in kept]
-            if seeds:
-                stack = SeedStack(seeds, cfg, carry=(stack.learner, kept))
-
-
 def _finish(
-    seed: Seed, outcome: TrainResult | BaseException | str, stop_signal: int | None
+    seed: Seed, outcome: str | BaseException, stop_signal: int | None
 ) -> TrainResult | BaseException:
-    if not isinstance(outcome, str):
+    """A seed's end as a single run's (``finish_run``), or its error recorded."""
+    if isinstance(outcome, NonFiniteError):
+        return _diverged(seed, seed.run.counters.global_step, outcome)
+    if isinstance(outcome, BaseException):
         return outcome
     try:
         return finish_run(
