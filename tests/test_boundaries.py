@@ -269,3 +269,17 @@ def test_the_all_check_catches_a_name_left_out() -> None:
                                           _parse(sources["agent.seeds.group"][0]))
         if imported == "crossed"
     ]  # fmt: skip
+
+
+def test_no_module_of_agent_passes_600_lines_and_no_function_100() -> None:
+    # A file or a function past these sizes does several jobs: split it by job.
+    too_long = []
+    for name, (text, _) in project_sources(("agent",)).items():
+        if text.count("\n") > 600:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(_parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 100:
+                    too_long.append(f"{name}.{node.name}: {lines} lines")
+    assert not too_long, too_long

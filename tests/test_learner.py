@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from conftest import DEVICES
 
-from agent.learner import Learner, NonFiniteError, td_target
+from agent.learner import Learner, NonFiniteError
+from agent.objectives import td_target
 from agent.networks import QNetwork
 from agent.noisy import noisy_layers
 from agent.replay import Batch
@@ -505,7 +506,7 @@ def test_an_update_never_writes_the_acting_noise(backend: str) -> None:
 
 @pytest.mark.parametrize("kind", ["huber", "mse"])
 def test_the_td_loss_is_one_definition_for_both_backends(kind: str) -> None:
-    from agent.learner import TDLoss
+    from agent.objectives import TDLoss
 
     loss = TDLoss(kind, delta=1.0)  # type: ignore[arg-type]
     g = torch.Generator().manual_seed(0)

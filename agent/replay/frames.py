@@ -77,6 +77,22 @@ __all__ = ["FrameReplayBuffer"]
 _MAX_REDRAWS = 32
 
 
+def _frame_slots(capacity: int, frames: int, n_step: int, num_envs: int) -> int:
+    """Frame slots per env for ``capacity`` transitions of ``frames``-frame stacks
+    (ValueError where too few)."""
+    slots = math.ceil(capacity / num_envs)
+    # A pending window's frames must outlive it: at most 2C frames are written per step
+    # (two new segments), and a window is at most n_step steps old.
+    min_slots = 2 * frames * (n_step + 1) + 2
+    if slots < min_slots:
+        raise ValueError(
+            f"capacity {capacity} gives {slots} frame slots per env; a FrameReplayBuffer "
+            f"with {frames}-frame stacks and n_step={n_step} needs at least {min_slots} per "
+            f"env (capacity >= {min_slots * num_envs})"
+        )
+    return slots
+
+
 class FrameReplayBuffer:
     """Uniform replay for ``(C, H, W)`` integer frame stacks, one stored frame per step.
 
@@ -122,16 +138,7 @@ class FrameReplayBuffer:
                 f"{self.storage_device}"
             )
         c, h, w = obs_shape
-        slots = math.ceil(capacity / num_envs)
-        # A pending window's frames must outlive it: at most 2C frames are written per
-        # step (two new segments), and a window is at most n_step steps old.
-        min_slots = 2 * c * (n_step + 1) + 2
-        if slots < min_slots:
-            raise ValueError(
-                f"capacity {capacity} gives {slots} frame slots per env; a FrameReplayBuffer "
-                f"with {c}-frame stacks and n_step={n_step} needs at least {min_slots} per env "
-                f"(capacity >= {min_slots * num_envs})"
-            )
+        slots = _frame_slots(capacity, c, n_step, num_envs)
 
         self.capacity = capacity
         self.obs_shape = obs_shape

@@ -8,7 +8,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from agent.learner import BatchLike, Metrics, make_objective, sync_parameters, td_loss
+from agent.learner import Metrics, sync_parameters
+from agent.objectives import BatchLike, make_objective, td_loss
 from agent.optim import Adam
 from agent.seeds.stacked import NoiseDraw, stacked_noisy_layers, with_own_noise
 from agent.values import support_of
