@@ -517,8 +517,12 @@ def plots(runs: Sequence[dict[str, Any]], arms: Sequence[str], out_dir: Path) ->
 
     out_dir.mkdir(parents=True, exist_ok=True)
     colors = dict(zip(arms, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=False))
-    fig, axes = plt.subplots(6, 5, figsize=(17, 17))
-    for ax, game in zip(axes.flat, GAMES, strict=False):
+    drawn = [g for g in GAMES if any(r["game"] == g.name for r in runs)]  # games with a run
+    cols = min(5, max(1, len(drawn)))
+    rows = max(1, -(-len(drawn) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 3.4 * cols), 2.9 * rows + 0.6),
+                             squeeze=False)  # fmt: skip
+    for ax, game in zip(axes.flat, drawn, strict=False):
         for arm in arms:
             curves = [r["curve"] for r in runs if r["game"] == game.name and r["arm"] == arm]
             if not curves:
@@ -529,11 +533,11 @@ def plots(runs: Sequence[dict[str, Any]], arms: Sequence[str], out_dir: Path) ->
         ax.axhline(game.der, color="grey", linestyle="--", linewidth=1)
         ax.set_title(game.name, fontsize=10)
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(GAMES) :]:
+    for ax in list(axes.flat)[len(drawn) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle("Atari 100k: training return (mean of seeds) against agent steps; "
-                 "dashed: DER as published", fontsize=12)  # fmt: skip
+    fig.suptitle(f"Atari 100k, {len(drawn)} of {len(GAMES)} games: training return (mean of "
+                 "seeds)\nagainst agent steps; dashed: DER as published", fontsize=10)  # fmt: skip
     fig.tight_layout()
     paths = [out_dir / "curves.png"]
     fig.savefig(paths[0], dpi=70)
