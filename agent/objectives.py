@@ -37,6 +37,7 @@ class BatchLike(Protocol):
     discounts: torch.Tensor  # (B,) gamma^k for the k steps actually taken
     weights: torch.Tensor | None  # (B,) importance weights (prioritized replay), or None
 
+
 Array = TypeVar("Array", torch.Tensor, np.ndarray)
 
 
