@@ -200,7 +200,8 @@ pong)
     # that solve Pong in about 400k agent steps in DQN tutorials (an update of 32 every
     # env step, learning from 10k transitions, a 100k replay, the target every 1,000
     # updates), 8 async envs. Cut off at the limit it saves last.pt (SIGINT) and the next
-    # command resumes it; the curve (return against steps and wall time) is drawn either way.
+    # command on the same machine resumes it (a fresh machine starts over: its replay is
+    # too large to carry); the curve (return against steps and wall time) is drawn either way.
     r=$RUNS/pong
     if [ -f "$r/checkpoints/last.pt" ] && [ ! -f "$r/result.json" ]; then
         step pong_resumed 520 $PY run.py --resume "$r" --device cuda --no-progress
