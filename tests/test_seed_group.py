@@ -286,3 +286,15 @@ def test_ctrl_c_saves_every_seed_and_resume_continues_them(tmp_path: Path) -> No
     results = train_group(cfgs, [sweep / f"seed_{s}" for s in (1, 2, 3)], saved,
                           progress=False, echo=lambda _: None)  # fmt: skip
     assert [r.global_step for r in results] == [step + 300] * 3  # type: ignore[union-attr]
+
+
+def test_a_group_resumed_at_its_budget_takes_no_further_step(tmp_path: Path) -> None:
+    # A group stopped at its last step (Ctrl-C between the step and the end) resumes there.
+    first = _group(tmp_path, [1, 2])
+    saved = [load_checkpoint(tmp_path / f"seed_{s}" / "checkpoints" / "last.pt") for s in (1, 2)]
+    assert {c["counters"]["global_step"] for c in saved} == {SHORT["total_steps"]}
+
+    again = _group(tmp_path, [1, 2], saved)
+
+    assert [r.global_step for r in again] == [SHORT["total_steps"]] * 2
+    assert [r.updates for r in again] == [r.updates for r in first]
