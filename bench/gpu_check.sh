@@ -53,6 +53,22 @@ step() {
 # json FILE KEY: one key of a JSON file (run.py's result.json or an --eval --json line).
 json() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 
+# ended RUN_DIR: the run ended (an interrupted run's result.json says "interrupted").
+ended() { [ -f "$1/result.json" ] && [ "$(json "$1/result.json" status)" != interrupted ]; }
+
+# train NAME SECONDS RUN_DIR ARGS...: run.py on cuda from scratch, or resumed where an
+# earlier command on this machine stopped it (cut off by its limit, it saves last.pt).
+train() {
+    local name=$1 limit=$2 r=$3
+    shift 3
+    if [ -f "$r/checkpoints/last.pt" ] && ! ended "$r"; then
+        step "${name}_resumed" "$limit" $PY run.py --resume "$r" --device cuda --no-progress
+    else
+        rm -rf "$r"
+        step "$name" "$limit" $PY run.py --device cuda --run-dir "$r" --no-progress "$@"
+    fi
+}
+
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     $PY -c "import sys, torch, gymnasium; print(sys.version.split()[0], torch.__version__, \
@@ -180,14 +196,8 @@ der)
     # cuda, as bench.atari100k speed times it on a CPU core. A command cut off by its limit
     # saves last.pt (SIGINT); the next one resumes it.
     r=$RUNS/der_krull
-    if [ -f "$r/checkpoints/last.pt" ] && [ ! -f "$r/result.json" ]; then
-        step der_cuda_resumed 540 $PY run.py --resume "$r" --device cuda --no-progress
-    else
-        rm -rf "$r"
-        step der_cuda 540 $PY run.py --env KrullNoFrameskip-v4 --config der --device cuda \
-            --seed 1 --run-dir "$r" --no-progress
-    fi
-    if [ -f "$r/result.json" ]; then
+    train der_cuda 540 "$r" --env KrullNoFrameskip-v4 --config der --seed 1
+    if ended "$r"; then
         echo "   final $(json "$r/result.json" final_eval_return), $(json "$r/result.json" \
 wall_time_s) s in all, $(json "$r/result.json" final_eval_wall_s) s of final evaluation"
     else
@@ -203,19 +213,12 @@ pong)
     # command on the same machine resumes it (a fresh machine starts over: its replay is
     # too large to carry); the curve (return against steps and wall time) is drawn either way.
     r=$RUNS/pong
-    if [ -f "$r/checkpoints/last.pt" ] && [ ! -f "$r/result.json" ]; then
-        step pong_resumed 520 $PY run.py --resume "$r" --device cuda --no-progress
-    else
-        rm -rf "$r"
-        step pong 520 $PY run.py --env PongNoFrameskip-v4 --device cuda --seed 1 \
-            --run-dir "$r" --no-progress --set num_envs=8 --set vector=async \
-            --set train_freq=1 --set learning_starts=10000 --set random_starts=10000 \
-            --set buffer_size=100000 \
-            --set target_update_interval=1000 --set total_steps=1000000 \
-            --set eval_interval=50000 --set eval_episodes=4 --set eval_envs=4 \
-            --set target_return=18 --set confirm_episodes=8 --set final_episodes=10 \
-            --set log_interval=5000 --set checkpoint_interval=50000
-    fi
+    train pong 520 "$r" --env PongNoFrameskip-v4 --seed 1 --set num_envs=8 \
+        --set vector=async --set train_freq=1 --set learning_starts=10000 \
+        --set random_starts=10000 --set buffer_size=100000 --set target_update_interval=1000 \
+        --set total_steps=1000000 --set eval_interval=50000 --set eval_episodes=4 \
+        --set eval_envs=4 --set target_return=18 --set confirm_episodes=8 \
+        --set final_episodes=10 --set log_interval=5000 --set checkpoint_interval=50000
     step pong_curve 60 $PY -m bench.curve "$r" --out "$LOGS/pong_curve.png" \
         --title "PongNoFrameskip-v4 on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
     sed -n '/^|/p;/^training/p' "$LOGS/pong_curve.log"
