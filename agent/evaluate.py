@@ -218,6 +218,7 @@ class Evaluator:
         self.log(step, {"eval/final_mean_return": mean})
         return mean
 
+
 def format_return(x: float) -> str:
     """A return for people: three significant digits, never an exponent (0.955, 9.30,
     487, -200, 1234)."""

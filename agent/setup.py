@@ -70,6 +70,7 @@ class Counters:
         """Updates that should have run by ``global_step``: one per ``train_freq`` steps."""
         return self.updates_before + (self.global_step - self.learning_starts) // train_freq + 1
 
+
 @dataclass
 class Agent:
     """The parts of a run, built from a config by :func:`build_agent`."""
@@ -89,6 +90,7 @@ class Agent:
     """``learner.update``, or on CUDA with ``capture_graph`` the same captured as a graph:
     a batch in, its per-sample errors out (for prioritized replay)."""
 
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; a CUDA request without CUDA is a user error."""
     if name == "auto":
@@ -97,6 +99,7 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available here; use --device cpu or auto")
     return device
+
 
 def build_q_network(
     cfg: Config,
@@ -125,6 +128,7 @@ def build_q_network(
         dtype=getattr(torch, cfg.dtype),
     )
 
+
 def check_observations(cfg: Config, spec: EnvSpec) -> None:
     """A :class:`UserError` for a torso or an augmentation that does not fit the env's
     observations."""
@@ -142,6 +146,7 @@ def check_observations(cfg: Config, spec: EnvSpec) -> None:
             f"invalid config: augment {cfg.augment} moves images, and {cfg.env_id} gives "
             f"vectors of shape {spec.obs_shape}: --set augment=none"
         )
+
 
 def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
     """Online and target networks, replay, the two selectors and the learner of a run."""
@@ -211,6 +216,7 @@ def build_exploration(cfg: Config, n_actions: int) -> Exploration:
         noise_interval=cfg.noise_interval, noise_on_repeat=cfg.noise_on_repeat,
     )  # fmt: skip
 
+
 def learner_settings(cfg: Config, noise: bool) -> dict[str, Any]:
     """The learner's settings in a config (``Learner`` and ``SeedLearner`` take them alike);
     ``noise``: the exploration policy's ``noisy`` (epsilon-greedy learns on the mean weights
@@ -218,15 +224,18 @@ def learner_settings(cfg: Config, noise: bool) -> dict[str, Any]:
     keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau")
     return {k: getattr(cfg, k) for k in (*keys, "update_noise")} | {"noise": noise}
 
+
 def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | None:
     """How the learner update is captured: as a CUDA graph on CUDA with ``capture_graph``,
     else not at all (eager updates)."""
     return capture_cuda_graph if capture_graph and device.type == "cuda" else None
 
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
 
 @dataclass(kw_only=True)
 class Run:
@@ -268,6 +277,7 @@ class Run:
             "augment": self.augment,
             **self.extra_components,
         }
+
 
 def prepare_run(
     cfg: Config,
@@ -346,6 +356,7 @@ def prepare_run(
         )
     return run
 
+
 def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> None:
     """Hold ``run_dir`` for this process until ``cleanup`` closes (an advisory lock on
     ``run_dir/.lock``, which the OS drops when the process dies, even by SIGKILL).
@@ -375,6 +386,7 @@ def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     cleanup.callback(os.close, fd)  # closing it releases the lock
+
 
 def close_quietly(*things: Any) -> None:
     """``close()`` each, ignoring their errors: the error being raised, if any, matters more."""

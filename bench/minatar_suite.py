@@ -322,6 +322,7 @@ def rainbow(args: argparse.Namespace) -> int:
 
 # --- speed against MinAtar's examples/dqn.py ---
 
+
 def _pinned(cmd: list[str], core: int) -> list[str]:
     return ["taskset", "-c", str(core), *cmd] if shutil.which("taskset") else cmd
 

@@ -52,6 +52,7 @@ class Const:
     def __init__(self, value: Any) -> None:
         self.value = value
 
+
 class Node:
     """One traced op: reads ``args`` (slot numbers, or constants), writes slot ``out``."""
 
@@ -71,6 +72,7 @@ class Node:
         # For a step of the input stage (a function of the input alone: no parameters),
         # what it computes; None for every other node.
         self.input_key = input_key
+
 
 def input_chains(module: nn.Module, graph: fx.Graph, dtype: np.dtype) -> dict[fx.Node, list]:
     """The patch convolutions that read the input through a cast to floats and then
@@ -110,6 +112,7 @@ def input_chains(module: nn.Module, graph: fx.Graph, dtype: np.dtype) -> dict[fx
             return {}
     return chains
 
+
 def _chain_steps(chain: list[fx.Node]) -> InputChain:
     """The numpy steps of an input chain (:func:`input_chains`): the cast, then each scaling."""
     steps: list[Callable[[Array], Array]] = []
@@ -128,6 +131,7 @@ def _chain_steps(chain: list[fx.Node]) -> InputChain:
     if cast is not None:
         steps.append(lambda x, t=cast: np.asarray(x, dtype=t))
     return InputChain(steps)
+
 
 def patches_node(
     out: int,
@@ -162,6 +166,7 @@ def patches_node(
         input_key=("patches", k, channels_last, chain_key) if source == 0 else None,
     )
 
+
 def patch_conv_node(
     out: int, source: int, layer: PatchConv2d, needs_grad: dict[int, bool],
     sink: GradientSink | None,
@@ -174,6 +179,7 @@ def patch_conv_node(
 
     return Node(out, [source], layer.forward, backward, [need_input])
 
+
 def channels_first_node(out: int, source: int, needs_grad: dict[int, bool]) -> Node:
     """(B, H, W, C) -> (B, C, H, W), for a reader that takes images channels-first."""
     return Node(
@@ -184,6 +190,7 @@ def channels_first_node(out: int, source: int, needs_grad: dict[int, bool]) -> N
         grad_flags([source], needs_grad),
     )
 
+
 def constant(arg: Any) -> Const:
     """A traced call's non-tensor argument, if it is a Python number or a tuple of ints;
     else unsupported."""
@@ -192,6 +199,7 @@ def constant(arg: Any) -> Const:
     if isinstance(arg, tuple) and all(type(a) is int for a in arg):
         return Const(arg)
     raise Unsupported(f"argument {arg!r}")
+
 
 def cast_target(node: fx.Node) -> np.dtype:
     """The dtype a traced ``.to(dtype)`` / ``.float()`` / ``.double()`` casts to (float32
@@ -206,6 +214,7 @@ def cast_target(node: fx.Node) -> np.dtype:
         raise Unsupported(f"cast to {target}")
     return np.dtype(np.float32 if target == torch.float32 else np.float64)
 
+
 def reader(fn: Callable[..., Array], args: list[Any]) -> Callable[[list[Any]], Array]:
     """``fn`` applied to its arguments read from the slots, specialised for the common shapes."""
     if len(args) == 1 and type(args[0]) is int:
@@ -216,8 +225,10 @@ def reader(fn: Callable[..., Array], args: list[Any]) -> Callable[[list[Any]], A
         return lambda slots: fn(slots[a], slots[b])
     return lambda slots: fn(*[slots[x] if type(x) is int else x.value for x in args])
 
+
 def grad_flags(args: list[Any], needs_grad: dict[int, bool]) -> list[bool]:
     return [type(a) is int and needs_grad[a] for a in args]
+
 
 def linear_node(
     out: int, args: list[Any], layer: Linear, needs_grad: dict[int, bool], sink: GradientSink | None
@@ -230,6 +241,7 @@ def linear_node(
         return [layer.backward(g, values[0], need_input, sink)]
 
     return Node(out, args, layer.forward, backward, [need_input])
+
 
 def conv_node(
     out: int,
@@ -260,6 +272,7 @@ def conv_node(
     trainable = i_weight is not None or i_bias is not None
     return Node(out, args, conv, backward, [need_input]), trainable
 
+
 def activation_call(node: fx.Node, args: list[Any]) -> tuple[str, float | None]:
     """(name, parameter or None) of an activation called as a function, e.g.
     ``F.leaky_relu(x, 0.2)`` or ``F.elu(x, alpha=0.5)``."""
@@ -272,6 +285,7 @@ def activation_call(node: fx.Node, args: list[Any]) -> tuple[str, float | None]:
     ):
         raise Unsupported(f"{node.target} with {node.kwargs}")
     return name, value
+
 
 def activation_node(
     out: int,
@@ -294,6 +308,7 @@ def activation_node(
         lambda g, values, y: [grad(g, values[0], y)],
         grad_flags(args, needs_grad),
     )
+
 
 def reshape_node(
     out: int, args: list[Any], needs_grad: dict[int, bool], channels_last: bool = False
@@ -320,6 +335,7 @@ def reshape_node(
         grad_flags(args, needs_grad),
     )
 
+
 def _unbroadcast(g: Array, shape: tuple[int, ...]) -> Array:
     """Sum ``g`` over the axes that broadcasting added or stretched to reach its shape."""
     if g.shape == shape:
@@ -330,6 +346,7 @@ def _unbroadcast(g: Array, shape: tuple[int, ...]) -> Array:
 
 _ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
                "div": operator.truediv}  # fmt: skip
+
 
 def arithmetic_node(out: int, name: str, args: list[Any], needs_grad: dict[int, bool]) -> Node:
     if name == "neg":
@@ -352,6 +369,7 @@ def arithmetic_node(out: int, name: str, args: list[Any], needs_grad: dict[int, 
         return [_unbroadcast(da, np.shape(a)), _unbroadcast(db, np.shape(b))]
 
     return Node(out, args, _ARITHMETIC[name], backward, grad_flags(args, needs_grad))
+
 
 def mean_node(
     out: int,
@@ -386,6 +404,7 @@ def mean_node(
     )
     return node, rank if keepdim else rank - 1
 
+
 def unflatten_node(
     out: int,
     args: list[Any],
@@ -408,6 +427,7 @@ def unflatten_node(
         grad_flags(source, needs_grad),
     )
     return node, rank[args[0]] + len(sizes) - 1
+
 
 def fresh_layer_output(module: nn.Module, arg: Any) -> bool:
     """True for a linear layer's or convolution's output that nothing else reads (safe to

@@ -66,6 +66,7 @@ from agent.replay.base import (
 
 __all__ = ["Batch", "ReplayBuffer"]
 
+
 class ReplayBuffer:
     """Uniform experience replay with n-step returns for a vector env.
 
