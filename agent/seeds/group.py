@@ -330,7 +330,7 @@ def _finish(
 ) -> TrainResult | BaseException:
     """A seed's end as a single run's (``finish_run``), or its error recorded."""
     if isinstance(outcome, NonFiniteError):
-        return _diverged(seed, seed.run.counters.global_step, outcome)
+        return _diverged(seed, outcome)
     if isinstance(outcome, BaseException):
         return outcome
     try:
@@ -339,14 +339,14 @@ def _finish(
             outcome, stop_signal, learner_backend="stacked",  # type: ignore[arg-type]
         )  # fmt: skip
     except NonFiniteError as e:  # diverged since the last log: no last.pt of NaNs
-        return _diverged(seed, seed.run.counters.global_step, e)
+        return _diverged(seed, e)
 
 
-def _diverged(seed: Seed, step: int, error: NonFiniteError | None = None) -> NonFiniteError:
+def _diverged(seed: Seed, error: NonFiniteError) -> NonFiniteError:
     """A seed whose loss or parameters stopped being finite: the error goes to its
     ``error.txt`` (as a sweep records a failed trial); its ``last.pt`` stays the last good
     one, to resume from with other settings."""
-    error = error or NonFiniteError(f"non-finite TD loss or Q at step {step}")
+    step = seed.run.counters.global_step
     with contextlib.suppress(OSError):
         (seed.run.run_dir / "error.txt").write_text(f"NonFiniteError: {error} (step {step})\n")
     return error
