@@ -221,8 +221,9 @@ def learner_settings(cfg: Config, noise: bool) -> dict[str, Any]:
     """The learner's settings in a config (``Learner`` and ``SeedLearner`` take them alike);
     ``noise``: the exploration policy's ``noisy`` (epsilon-greedy learns on the mean weights
     too)."""
-    keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau")
-    return {k: getattr(cfg, k) for k in (*keys, "update_noise")} | {"noise": noise}
+    keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau",
+            "update_noise")
+    return {k: getattr(cfg, k) for k in keys} | {"noise": noise}
 
 
 def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | None:

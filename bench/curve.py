@@ -31,11 +31,12 @@ def read_curves(run_dir: Path, tags: tuple[str, ...] = (EVAL, EPISODES)) -> dict
     for path in Path(run_dir).glob("events.out.tfevents.*"):
         acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
         acc.Reload()
-        every = [e for t in acc.Tags()["scalars"] for e in acc.Scalars(t)]
+        names = acc.Tags()["scalars"]
+        every = [e for t in names for e in acc.Scalars(t)]
         if not every:
             continue
         points = {t: [(e.step, e.wall_time, e.value) for e in acc.Scalars(t)]
-                  for t in tags if t in acc.Tags()["scalars"]}  # fmt: skip
+                  for t in tags if t in names}  # fmt: skip
         # the piece starts when its writer opened the file (as the run's loop starts), or
         # at its first scalar where that was written with an earlier time
         start = min(acc.FirstEventTimestamp(), *(e.wall_time for e in every))
