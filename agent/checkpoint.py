@@ -27,7 +27,9 @@ replay buffer (gigabytes with Atari) or the optimizer.
 Writing goes to a temporary file in the same directory, flushed and fsynced,
 then ``os.replace``d over the old file: a crash or a full disk mid-write leaves
 the previous checkpoint intact, and a failed write raises
-:class:`CheckpointWriteError`, one line naming the file, the cause and the fix.
+:class:`CheckpointWriteError`, one line naming the file, the cause and the fix. What
+a killed process could not clean up, the next run in its directory removes
+(:func:`remove_partial_writes`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ __all__ = [
     "keeps_buffer",
     "load_checkpoint",
     "policy_checkpoint",
+    "remove_partial_writes",
     "restore_training",
     "resume_exactness",
     "save_checkpoint",
@@ -171,6 +174,19 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     except OSError:
         pass
     return path
+
+
+def remove_partial_writes(directory: str | Path) -> list[Path]:
+    """Delete the temporary files that writes killed mid-way (SIGKILL, a lost machine)
+    left in ``directory``, a checkpoint as large as the replay buffer each; returns them.
+
+    Only for a directory this process holds (:func:`agent.setup.hold_run_dir`): another
+    writer's file in progress would be taken from under it.
+    """
+    partial = sorted(Path(directory).glob(".*.pt.*.tmp"))
+    for path in partial:
+        path.unlink(missing_ok=True)
+    return partial
 
 
 def resume_exactness(data: dict[str, Any]) -> str:

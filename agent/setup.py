@@ -23,7 +23,7 @@ from agent import streams
 from agent.acting import ActionSelector
 from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.augment import RandomShift, make_augment
-from agent.checkpoint import GeneratorState, restore_training
+from agent.checkpoint import GeneratorState, remove_partial_writes, restore_training
 from agent.config import Config
 from agent.episodes import Episodes
 from agent.errors import UserError
@@ -299,7 +299,8 @@ def prepare_run(
     device = resolve_device(cfg.device)
     try:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        hold_run_dir(run_dir, cleanup)
+        if hold_run_dir(run_dir, cleanup):
+            remove_partial_writes(run_dir / "checkpoints")
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     except OSError as e:
         raise UserError(
@@ -358,9 +359,10 @@ def prepare_run(
     return run
 
 
-def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> None:
+def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> bool:
     """Hold ``run_dir`` for this process until ``cleanup`` closes (an advisory lock on
-    ``run_dir/.lock``, which the OS drops when the process dies, even by SIGKILL).
+    ``run_dir/.lock``, which the OS drops when the process dies, even by SIGKILL);
+    True when held.
 
     A second process training into the same directory, a ``--resume`` of a run still
     going included, would overwrite its checkpoints and results: it is refused instead
@@ -369,7 +371,7 @@ def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> None:
     try:
         import fcntl
     except ImportError:
-        return
+        return False
     fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -383,10 +385,11 @@ def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> None:
         ) from None
     except OSError:  # a file system without locks (some NFS mounts): train unguarded
         os.close(fd)
-        return
+        return False
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     cleanup.callback(os.close, fd)  # closing it releases the lock
+    return True
 
 
 def close_quietly(*things: Any) -> None:

@@ -199,3 +199,42 @@ def test_a_second_process_on_a_run_still_training_is_refused_until_it_dies(
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert json.loads((run_dir / "result.json").read_text())["global_step"] == total
+
+
+# run.py whose process is killed by SIGKILL inside its second checkpoint write, after the
+# file is written and before its rename: where a lost machine or the OOM killer stops it.
+_KILLED_MID_WRITE = """
+import os, signal, stat, sys
+import agent.checkpoint as checkpoint
+from agent import cli
+fsync, writes = os.fsync, []
+def killed_on_the_second(fd):
+    fsync(fd)
+    if stat.S_ISREG(os.fstat(fd).st_mode):  # a file's, not its directory's
+        writes.append(fd)
+    if len(writes) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.os.fsync = killed_on_the_second
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_write_cut_by_sigkill_is_cleaned_up_by_the_resume(tmp_path: Path) -> None:
+    """A process killed mid-write leaves a temporary file as large as the checkpoint; the
+    next process in the run directory removes it and resumes from the intact last.pt."""
+    run_dir = tmp_path / "run"
+    args = [*CLI[2:], "--total-steps", "3000", "--run-dir", str(run_dir),
+            "--set", "checkpoint_interval=1000", "--set", "eval_interval=0"]  # fmt: skip
+    killed = subprocess.run([sys.executable, "-c", _KILLED_MID_WRITE, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    checkpoints = run_dir / "checkpoints"
+    left = [p for p in checkpoints.iterdir() if p.suffix == ".tmp"]
+    assert len(left) == 1 and left[0].stat().st_size > 0
+    assert load_checkpoint(checkpoints / "last.pt")["counters"]["global_step"] == 1000
+
+    again = subprocess.run([*CLI, "--resume", str(run_dir)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run_dir / "result.json").read_text())["global_step"] == 3000
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.pt"]
