@@ -491,7 +491,7 @@ def table(args: argparse.Namespace) -> str:
         cells = " | ".join(f"{m:.1f}" for m in means)
         lines.append(f"| {g} | {cells} | {BY_NAME[g].der:.1f} | {diffs} |")
     if len(arms) >= 2:
-        lines += ["", f"{arms[0]} against {arms[-1]}, per game (the paired 95% CI over the "
+        lines += ["", f"{arms[0]} against {arms[-1]}, per game (the paired 95% t interval over the "
                   f"seeds above, across or below zero): ahead on {len(verdicts['ahead'])} "
                   f"({', '.join(verdicts['ahead']) or 'none'}), level on "
                   f"{len(verdicts['level'])}, behind on {len(verdicts['behind'])} "

@@ -11,8 +11,8 @@ For every game and seed, ``python run.py --env MinAtar/GAME-v0 --seed S`` (the s
 exploration=epsilon --set noisy_layers=none``, each a process of its own. The score of a
 run is its final policy's noise-free 100-episode mean (``result.json``). The table gives,
 per game: the median over seeds and the IQM [95% bootstrap CI] of both agents, the paired
-difference (noisy minus epsilon, seed by seed: its mean with a 95% bootstrap CI over
-seeds), and the MinAtar paper's DQN as read off the learning-curve figure of the MinAtar
+difference (noisy minus epsilon, seed by seed: its mean with Student's 95% t interval
+over seeds), and the MinAtar paper's DQN as read off the learning-curve figure of the MinAtar
 repository's README (30 seeds; a 100-episode moving average of *training* returns, under
 its epsilon 0.1 behaviour, so not the same measure as our noise-free evaluations) at 1M
 and 5M frames. One agent step is one MinAtar frame (no frame skip). ``--from-json``

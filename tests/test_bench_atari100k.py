@@ -106,12 +106,15 @@ def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(
     tmp_path: Path,
 ) -> None:
     """Three seeds a game: Pong's noise arm ahead by 3 on every seed, Boxing's mixed, so
-    the paired CI lies above zero for one and across it for the other."""
+    the paired CI lies above zero for one and across it for the other. Alien's is ahead
+    on every seed but by 1, 2 and 9: level (t interval [-6.8, +14.8]), where a bootstrap
+    of the three differences never crosses zero."""
     runs = []
-    boxing_deltas = (-4.0, 6.0, -1.0)
+    boxing_deltas, alien_deltas = (-4.0, 6.0, -1.0), (1.0, 2.0, 9.0)
     for i, (pong, boxing) in enumerate(((-10, 5), (-12, 1), (-8, 9))):
         seed = 101 + i
-        for game, score, delta in (("Pong", pong, 3.0), ("Boxing", boxing, boxing_deltas[i])):
+        for game, score, delta in (("Pong", pong, 3.0), ("Boxing", boxing, boxing_deltas[i]),
+                                   ("Alien", 700 + boxing, alien_deltas[i])):  # fmt: skip
             runs += [{"game": game, "arm": "der", "seed": seed, "score": score + delta,
                       "wall_s": 60.0, "final_eval_s": 6.0, "curve": []},
                      {"game": game, "arm": "der-epsilon", "seed": seed, "score": float(score),
@@ -119,6 +122,7 @@ def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(
     (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
     text = atari100k.table(argparse.Namespace(json=str(tmp_path / "r.json"),
                                               arms="der,der-epsilon", reps=500))  # fmt: skip
-    assert "2 of 26 games" in text
+    assert "3 of 26 games" in text
     assert "| Pong | -7.0 | -10.0 | -19.3 | +3.0, +3.0, +3.0; +3.0 [+3.0, +3.0] |" in text
-    assert ("ahead on 1 (Pong), level on 1, behind on 0 (none)") in text
+    assert "+1.0, +2.0, +9.0; +4.0 [-6.8, +14.8] |" in text
+    assert ("ahead on 1 (Pong), level on 2, behind on 0 (none)") in text

@@ -78,7 +78,7 @@ def rainbow_row(tmp_path: Path, game: str, arms: dict, *args: str) -> tuple[list
 
 def test_the_rainbow_report_pairs_its_arms_and_counts_the_goals(tmp_path, minatar):
     seeds = [101, 102, 103]
-    finals = {"rainbow": [12.0, 14.0, 13.0], "rainbow-no-noise": [10.0, 11.0, 12.0],
+    finals = {"rainbow": [12.0, 14.0, 13.0], "rainbow-no-noise": [10.0, 12.0, 11.0],
               "default": [9.0, 9.5, 10.0]}  # fmt: skip
     game = {arm: [{"run_dir": f"/w/Breakout/{arm}/seed{s}", "final_eval_return": f,
                    "eval_curve": [[1000, f]], "wall_s": 60.0 * (2 if arm != "default" else 1)}
@@ -92,7 +92,7 @@ def test_the_rainbow_report_pairs_its_arms_and_counts_the_goals(tmp_path, minata
     assert cells[8] == f"{'yes' if 13.0 >= dqn else 'no'}, {'yes' if 13.0 >= rb else 'no'}"
     assert "(2.00x)" in cells[9]
     assert "on 1 and its Rainbow on 1 of 1 games" in stdout
-    # +2, +3, +1 by seed: every resample of the paired mean is above zero
+    # +2 on every seed: the paired t interval is the point, above zero
     assert "the noise is, against the preset without it (paired 95% CI): 1 ahead, 0 level, " \
         "0 behind of 1 games" in stdout
     assert (tmp_path / "plots" / "Breakout.png").exists()
@@ -203,6 +203,14 @@ def test_the_transcribed_default_report_matches_its_medians(minatar):
         assert seeds == list(range(101, 101 + len(seeds)))
         row = f"| {game} | {','.join(map(str, seeds))} | {statistics.median(finals):.1f} ("
         assert row in results
+        # The epsilon-greedy arm, paired seed by seed, its median in the same row.
+        epsilon = arms["epsilon"]
+        assert [r["run_dir"].replace("epsilon", "noisy") for r in epsilon] == [
+            r["run_dir"] for r in arms["noisy"]
+        ]
+        line = next(x for x in results.splitlines() if x.startswith(row))
+        median = statistics.median(r["final_eval_return"] for r in epsilon)
+        assert line.split(" | ")[3].startswith(f"{median:.1f} (")
 
 
 def test_the_rainbow_report_matches_the_results_page():

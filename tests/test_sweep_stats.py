@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.sweep.stats import bootstrap_ci, iqm, steps_to_solve
+from agent.sweep.stats import bootstrap_ci, difference_ci, iqm, steps_to_solve, t_critical
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +34,34 @@ def test_bootstrap_ci_fixed_numbers() -> None:
     assert bootstrap_ci(x) == bootstrap_ci(x)
     lo, hi = bootstrap_ci(x)
     assert lo <= iqm(x) <= hi
+
+
+def test_t_critical_is_students() -> None:
+    # The tables' two-sided 95% values, then scipy's over many degrees of freedom.
+    for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042)):
+        assert t_critical(df) == pytest.approx(t, abs=5e-4)
+    assert t_critical(100_000) == pytest.approx(1.95996, abs=1e-4)  # the normal's
+    stats = pytest.importorskip("scipy.stats")
+    for df, confidence in itertools.product(range(1, 80), (0.8, 0.95, 0.99)):
+        expected = stats.t.ppf(0.5 + confidence / 2, df)
+        assert t_critical(df, confidence) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="df >= 1"):
+        t_critical(0)
+
+
+def test_a_paired_difference_of_few_seeds_is_students_t_interval() -> None:
+    # Differences 1, 2, 3: mean 2, sd 1, t(2) = 4.303 -> 2 -/+ 4.303 / sqrt(3).
+    mean, low, high = difference_ci([11.0, 12.0, 13.0], [10.0, 10.0, 10.0], paired=True)
+    assert mean == 2.0
+    assert (low, high) == pytest.approx((2 - 4.30265 / 3**0.5, 2 + 4.30265 / 3**0.5), abs=1e-4)
+    # Three differences of one sign are not enough to call it (a 1-in-4 chance by coin):
+    # resampled, their mean never crosses zero; Student's interval does.
+    assert difference_ci([1.0, 2.0, 9.0], [0.0, 0.0, 0.0], paired=True)[1] < 0
+    # The same difference on every seed: no spread, the interval is the point.
+    assert difference_ci([4.0, 6.0], [1.0, 3.0], paired=True) == (3.0, 3.0, 3.0)
+    assert difference_ci([5.0], [1.0], paired=True) == (4.0, -np.inf, np.inf)
+    with pytest.raises(ValueError, match="paired runs: 2 against 1"):
+        difference_ci([1.0, 2.0], [1.0], paired=True)
 
 
 def test_bootstrap_ci_matches_exact_resampling_distribution() -> None:

@@ -1,7 +1,8 @@
 """Statistics over the seeds of one configuration, as rliable recommends (Agarwal et al. 2021).
 
-The interquartile mean (IQM) with a percentile bootstrap confidence interval, and the env
-steps a run took to solve its task. Plain numpy, usable on any list of per-seed numbers:
+The interquartile mean (IQM) with a percentile bootstrap confidence interval, a paired
+difference with Student's t interval, and the env steps a run took to solve its task.
+Plain numpy, usable on any list of per-seed numbers:
 
     from agent.sweep.stats import bootstrap_ci, iqm
     finals = [500.0, 480.0, 120.0, 495.0, 310.0]
@@ -10,11 +11,20 @@ steps a run took to solve its task. Plain numpy, usable on any list of per-seed 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-__all__ = ["bootstrap_ci", "difference_ci", "iqm", "iqm_rows", "percentiles", "steps_to_solve"]
+__all__ = [
+    "bootstrap_ci",
+    "difference_ci",
+    "iqm",
+    "iqm_rows",
+    "percentiles",
+    "steps_to_solve",
+    "t_critical",
+]
 
 
 def iqm(values: Any) -> float:
@@ -64,29 +74,72 @@ def difference_ci(
     reps: int = 50_000,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """``statistic(a) - statistic(b)`` and its 95% percentile bootstrap CI: (difference,
-    low, high). ``paired`` (a seed's run of each, in order): the mean of the per-seed
-    differences, the differences resampled together; otherwise ``a`` and ``b`` are each
-    resampled alone, with ``statistic`` ``"iqm"`` or ``"mean"``. Rliable's stratified
-    bootstrap over games is the Atari report's own (``bench/atari100k.py``)."""
+    """``statistic(a) - statistic(b)`` and its 95% CI: (difference, low, high).
+
+    ``paired`` (a seed's run of each, in order): the mean of the per-seed differences
+    with Student's t interval. A percentile bootstrap of so few differences is far too
+    narrow: of three that share a sign, no resample's mean crosses zero, so it would
+    call a coin's 1-in-4 chance a difference. One pair gives no interval (-inf, inf).
+    Otherwise ``a`` and ``b`` are each resampled alone (percentile bootstrap), with
+    ``statistic`` ``"iqm"`` or ``"mean"``. Rliable's stratified bootstrap over games is
+    the Atari report's own (``bench/atari100k.py``)."""
     xa, xb = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     if xa.size == 0 or xb.size == 0:
         raise ValueError("confidence interval of no values")
-    rng = np.random.default_rng(seed)
     if paired:
         if xa.size != xb.size:
             raise ValueError(f"paired runs: {xa.size} against {xb.size}")
         d = xa - xb
-        diffs = d[rng.integers(0, d.size, size=(reps, d.size))].mean(axis=1)
         point = float(d.mean())
-    else:
-        rows = iqm_rows if statistic == "iqm" else (lambda x: x.mean(axis=1))
-        sa = xa[rng.integers(0, xa.size, size=(reps, xa.size))]
-        sb = xb[rng.integers(0, xb.size, size=(reps, xb.size))]
-        diffs = rows(sa) - rows(sb)
-        point = iqm(xa) - iqm(xb) if statistic == "iqm" else float(xa.mean() - xb.mean())
+        if d.size == 1:
+            return point, -math.inf, math.inf
+        half = t_critical(d.size - 1) * float(d.std(ddof=1)) / math.sqrt(d.size)
+        return point, point - half, point + half
+    rng = np.random.default_rng(seed)
+    rows = iqm_rows if statistic == "iqm" else (lambda x: x.mean(axis=1))
+    sa = xa[rng.integers(0, xa.size, size=(reps, xa.size))]
+    sb = xb[rng.integers(0, xb.size, size=(reps, xb.size))]
+    diffs = rows(sa) - rows(sb)
+    point = iqm(xa) - iqm(xb) if statistic == "iqm" else float(xa.mean() - xb.mean())
     lo, hi = np.percentile(diffs, [2.5, 97.5])
     return point, float(lo), float(hi)
+
+
+def _t_within(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with ``df`` degrees of freedom, in closed form
+    (Abramowitz & Stegun 26.7.3 and 26.7.4: a finite series in cos(theta))."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2 == 1:
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):  # cos, (2/3) cos^3, (2*4)/(3*5) cos^5, ...
+            total += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        return 2 / math.pi * (theta + math.sin(theta) * total)
+    term, total = 1.0, 0.0
+    for k in range(1, df // 2 + 1):  # 1, (1/2) cos^2, (1*3)/(2*4) cos^4, ...
+        total += term
+        term *= c2 * (2 * k - 1) / (2 * k)
+    return math.sin(theta) * total
+
+
+def t_critical(df: int, confidence: float = 0.95) -> float:
+    """The two-sided critical value of Student's t: P(|T| <= t) = ``confidence``
+    (4.303 for 2 degrees of freedom at 95%), by bisection on the closed form."""
+    if df < 1 or not 0 < confidence < 1:
+        raise ValueError(f"t_critical needs df >= 1 and 0 < confidence < 1, got {df}, {confidence}")
+    low, high = 0.0, 1.0
+    while _t_within(high, df) < confidence:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if _t_within(mid, df) < confidence:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-12 * high:
+            break
+    return (low + high) / 2
 
 
 def steps_to_solve(result: dict[str, Any]) -> int | None:
