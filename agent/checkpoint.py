@@ -139,6 +139,9 @@ def _reason(exc: BaseException) -> str:
     return text
 
 
+_PARTIAL = ".tmp"  # the suffix of a write in progress: .last.pt.XXXXXXXX.tmp
+
+
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     """Write ``payload`` (plus format and version) to ``path`` atomically.
 
@@ -150,7 +153,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     tmp_name: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_PARTIAL, dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save(data, f)
             f.flush()
@@ -183,7 +186,7 @@ def remove_partial_writes(directory: str | Path) -> list[Path]:
     Only for a directory this process holds (:func:`agent.setup.hold_run_dir`): another
     writer's file in progress would be taken from under it.
     """
-    partial = sorted(Path(directory).glob(".*.pt.*.tmp"))
+    partial = sorted(Path(directory).glob(f".*.pt.*{_PARTIAL}"))  # save_checkpoint's names
     for path in partial:
         path.unlink(missing_ok=True)
     return partial
