@@ -20,6 +20,9 @@ to their loading and their format version:
     replay                   the buffer's state dict, when ``save_buffer`` keeps it
                              (:func:`keeps_buffer`; without it a resume is approximate)
     wall_time_s              wall seconds of the run so far, every resumed piece included
+    pieces                   each piece of the run so far (its start, then each resume):
+                             the machine, its first and last env step, its wall seconds
+                             (:func:`run_pieces`)
 
 ``best.pt`` is a policy checkpoint: it is for evaluation, so it never carries the
 replay buffer (gigabytes with Atari) or the optimizer.
@@ -65,6 +68,7 @@ __all__ = [
     "remove_partial_writes",
     "restore_training",
     "resume_exactness",
+    "run_pieces",
     "save_checkpoint",
     "set_rng_state",
     "training_checkpoint",
@@ -279,6 +283,7 @@ def training_checkpoint(
     episodes: dict[str, Any],
     replay: Any | None,
     wall_time_s: float = 0.0,
+    pieces: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A :func:`policy_checkpoint` plus everything an exact resume needs (``last.pt``).
 
@@ -295,6 +300,7 @@ def training_checkpoint(
         "rng": get_rng_state(),
         "envs": episodes,
         "wall_time_s": wall_time_s,
+        "pieces": pieces or [],
     }
     data.update({name: part.state_dict() for name, part in components.items() if part is not None})
     if replay is not None:
@@ -338,6 +344,20 @@ def restore_training(
         if part is not None and name in data:
             part.load_state_dict(data[name])
     return [(int(s), float(r)) for s, r in data["eval_curve"].tolist()]
+
+
+def run_pieces(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pieces of the run a :func:`training_checkpoint` holds, each a dict: ``machine``
+    (where it ran), ``from_step`` and ``to_step`` (env steps), ``wall_s``. A checkpoint
+    written before pieces were kept holds the run so far as one piece on an unknown
+    machine (None)."""
+    if "pieces" in data:
+        return [dict(piece) for piece in data["pieces"]]
+    step = int(data["counters"]["global_step"])
+    if step == 0:
+        return []
+    wall = float(data.get("wall_time_s", 0.0))
+    return [{"machine": None, "from_step": 0, "to_step": step, "wall_s": wall}]
 
 
 def _version_1_exploration(data: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import platform
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from agent import streams
 from agent.acting import ActionSelector
 from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.augment import RandomShift, make_augment
-from agent.checkpoint import GeneratorState, remove_partial_writes, restore_training
+from agent.checkpoint import GeneratorState, remove_partial_writes, restore_training, run_pieces
 from agent.config import Config
 from agent.episodes import Episodes
 from agent.errors import UserError
@@ -42,6 +43,7 @@ __all__ = [
     "build_q_network",
     "check_observations",
     "close_quietly",
+    "describe_machine",
     "hold_run_dir",
     "learner_settings",
     "prepare_run",
@@ -99,6 +101,22 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available here; use --device cpu or auto")
     return device
+
+
+def describe_machine(device: torch.device) -> str:
+    """The hardware a run's piece ran on, for result.json: the CPU's model name and the
+    torch threads, and the GPU's name where the run is on CUDA."""
+    cpu = platform.processor() or platform.machine() or "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    threads = torch.get_num_threads()
+    text = f"{cpu}, {threads} torch thread{'s' if threads > 1 else ''}"
+    if device.type == "cuda":
+        text += f", {torch.cuda.get_device_name(device)}"
+    return text
 
 
 def build_q_network(
@@ -259,6 +277,12 @@ class Run:
     target_return: float | None
     wall_before: float
     """Wall seconds of the run's earlier pieces (a resume), for result.json."""
+    pieces_before: list[dict[str, Any]] = field(default_factory=list)
+    """The run's earlier pieces (:func:`agent.checkpoint.run_pieces`), for result.json."""
+    machine: str = ""
+    """Where this piece runs (:func:`describe_machine`)."""
+    start_step: int = 0
+    """The env step this piece started at: 0, or the step of the checkpoint it resumed."""
     augment: RandomShift | None = None
     """The augmentation of the replay batches (``augment``), or None."""
     extra_components: dict[str, Any] = field(default_factory=dict)
@@ -337,6 +361,8 @@ def prepare_run(
         eval_curve=[], obs=np.empty(0), sample_generator=sample_generator,
         target_return=spec.reward_threshold if cfg.target_return is None else cfg.target_return,
         wall_before=0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
+        pieces_before=[] if checkpoint is None else run_pieces(checkpoint),
+        machine=describe_machine(device),
         augment=make_augment(cfg.augment, agent.replay.device, cfg.seed),
     )  # fmt: skip
     if checkpoint is None:
@@ -346,6 +372,7 @@ def prepare_run(
             checkpoint, q_network=agent.q_network, replay=agent.replay, components=run.components
         )
         run.counters = Counters(**checkpoint["counters"])
+        run.start_step = run.counters.global_step
         if "replay" not in checkpoint:
             # The buffer starts empty: fill it again before learning, as a new run does.
             run.counters.learning_starts = run.counters.global_step + cfg.learning_starts

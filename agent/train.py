@@ -114,6 +114,10 @@ class TrainResult:
     approximate (:func:`agent.checkpoint.buffer_left_out`), or None: with it, exact."""
     final_eval_wall_s: float | None = None
     """Wall seconds of the final evaluation (included in ``wall_time_s``)."""
+    pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Each piece of the run, its start then each resume: ``machine`` (the CPU, its torch
+    threads, the GPU on CUDA), ``from_step``, ``to_step``, ``wall_s``. The wall times of a
+    run resumed on other hardware add up machines that differ."""
 
 
 def crossed(step: int, stride: int, interval: int) -> bool:
@@ -151,16 +155,29 @@ class Checkpoints:
         )
 
     def save_last(self, obs: np.ndarray) -> None:
-        run = self.run
+        run, wall = self.run, self.wall_time()
         data = training_checkpoint(
             self.policy(),
             components=run.components,
             eval_curve=run.eval_curve,
             episodes=run.episodes.state_dict(obs),
             replay=run.agent.replay if self.keeps_buffer else None,
-            wall_time_s=self.wall_time(),
+            wall_time_s=wall,
+            pieces=self.pieces(wall),
         )
         save_checkpoint(self.dir / "last.pt", data)
+
+    def pieces(self, wall_time_s: float) -> list[dict[str, Any]]:
+        """The run's earlier pieces and this one so far (:class:`TrainResult`'s ``pieces``),
+        the run's wall time being ``wall_time_s``."""
+        run = self.run
+        now = {
+            "machine": run.machine,
+            "from_step": run.start_step,
+            "to_step": run.counters.global_step,
+            "wall_s": wall_time_s - run.wall_before,
+        }
+        return [*run.pieces_before, now]
 
     def save_best(self, obs: np.ndarray) -> None:
         try:
@@ -439,12 +456,13 @@ def finish_run(
     final_eval = None if status == "interrupted" else evaluate.final(counters.global_step)
     if final_eval is not None:
         monitor.hparams(run.ran, {"eval/final_mean_return": final_eval})
+    wall = checkpoints.wall_time()
     result = TrainResult(
         run_dir=str(run.run_dir),
         status=status,
         global_step=counters.global_step,
         updates=learner.updates,
-        wall_time_s=checkpoints.wall_time(),
+        wall_time_s=wall,
         target_return=run.target_return,
         solved_step=counters.solved_step,
         best_eval_return=counters.best_eval,
@@ -454,6 +472,7 @@ def finish_run(
         learner_backend=learner_backend or learner.backend,
         buffer_left_out=checkpoints.buffer_left_out,
         final_eval_wall_s=evaluate.final_wall_s,
+        pieces=checkpoints.pieces(wall),
     )
     (run.run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))
     return result

@@ -18,8 +18,9 @@ it (the multiply-adds of the three forward passes and the backward of an update)
 runs the report: the 26 games x the arms x the seeds as one sweep of the project's sweep
 machinery (in this process one run at a time; ``--ray-address local`` runs one per core,
 ``HOST:PORT`` on a Ray cluster), leaving out every run whose score the JSON already holds;
-run again, it resumes. Each finished run's score, wall time and training curve go into
-the JSON (``collect`` does it at any time), which is committed as runs land.
+run again, it resumes. Each finished run's score, wall time, training curve and the
+machines it trained on go into the JSON (``collect`` does it at any time), which is
+committed as runs land.
 
     python -m bench.atari100k table --json bench/atari100k_report.json [--plot-dir DIR]
 
@@ -307,6 +308,7 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout) -> int:
             "steps": result["global_step"],
             "wall_s": round(result["wall_time_s"], 1),
             "final_eval_s": round(result.get("final_eval_wall_s") or 0.0, 1),
+            "machines": run_machines(result),
             "commit": manifest.get("commit"),
             "curve": training_curve(run_dir),
         })  # fmt: skip
@@ -317,6 +319,39 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout) -> int:
     data["runs"].sort(key=lambda r: (order.get(r["game"], 99), r["arm"], r["seed"]))
     report.write_text(json.dumps(data, indent=1) + "\n")
     return added
+
+
+def run_machines(result: dict[str, Any]) -> list[str | None] | None:
+    """Where a run trained, from its result.json's ``pieces``: each machine once, in the
+    order the pieces ran (None for a piece whose checkpoint did not say), or None where
+    result.json predates pieces."""
+    pieces = result.get("pieces")
+    if not pieces:
+        return None
+    return list(dict.fromkeys(piece["machine"] for piece in pieces))
+
+
+def wall_times(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The training and final-evaluation wall times per run, as lines: by machine where
+    each run trained on one known machine, then the rest together (a run resumed on other
+    hardware, or one recorded before runs kept their machine)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        machines = r.get("machines") or [None]
+        groups.setdefault(machines[0] if len(machines) == 1 and machines[0] else "", []).append(r)
+    lines = []
+    for machine in sorted(groups, key=lambda m: (m == "", m)):
+        group = groups[machine]
+        walls = [r["wall_s"] - r["final_eval_s"] for r in group]
+        evals = [r["final_eval_s"] for r in group]
+        where = f"on {machine}" if machine else "on several or unrecorded machines"
+        lines.append(
+            f"training wall time per run, {len(group)} run{'s' * (len(group) > 1)} {where}: median "
+            f"{np.median(walls) / 60:.1f} min [{min(walls) / 60:.1f}, {max(walls) / 60:.1f}]; "
+            f"the final evaluation: median {np.median(evals) / 60:.1f} min "
+            f"[{min(evals) / 60:.1f}, {max(evals) / 60:.1f}]"
+        )
+    return lines
 
 
 def report(args: argparse.Namespace) -> int:
@@ -496,12 +531,7 @@ def table(args: argparse.Namespace) -> str:
                   f"({', '.join(verdicts['ahead']) or 'none'}), level on "
                   f"{len(verdicts['level'])}, behind on {len(verdicts['behind'])} "
                   f"({', '.join(verdicts['behind']) or 'none'})"]  # fmt: skip
-    walls = [r["wall_s"] - r["final_eval_s"] for r in runs]
-    evals = [r["final_eval_s"] for r in runs]
-    lines += ["", f"training wall time per run: median {np.median(walls) / 60:.1f} min "
-              f"[{min(walls) / 60:.1f}, {max(walls) / 60:.1f}]; the final evaluation: median "
-              f"{np.median(evals) / 60:.1f} min [{min(evals) / 60:.1f}, "
-              f"{max(evals) / 60:.1f}]"]  # fmt: skip
+    lines += ["", *wall_times(runs)]
     return "\n".join(lines)
 
 

@@ -75,7 +75,7 @@ CASES: list[tuple[str, list[str]]] = [
 ]
 # What is not the trajectory: times, where the run was, and the config as saved (which
 # grows a key with every new setting; the cases fix the values that matter).
-_WALL = {"wall_time_s", "final_eval_wall_s", "run_dir", "config"}
+_WALL = {"wall_time_s", "final_eval_wall_s", "run_dir", "config", "pieces"}
 # The random streams' saved states, which a change of the checkpoint's layout moves
 # while the trajectory (networks, optimizer, replay, counters, results) stays: the
 # "trajectory" digest leaves them out, the "full" one keeps them.

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from agent.networks import QNetwork
+from agent.setup import describe_machine
 
 pytest.importorskip("rliable")
 atari100k = pytest.importorskip("bench.atari100k")
@@ -87,6 +88,7 @@ def test_a_report_runs_through_the_sweep_collects_and_resumes(tmp_path: Path) ->
     ]  # fmt: skip
     for run in runs:
         assert run["steps"] == 150 and run["episodes"] == 1 and run["wall_s"] > 0
+        assert run["machines"] == [describe_machine(torch.device("cpu"))]  # one piece, here
         assert isinstance(run["score"], float)
     sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     configs = {t["label"]: t["config"] for t in sweep["trials"]}
@@ -100,6 +102,28 @@ def test_a_report_runs_through_the_sweep_collects_and_resumes(tmp_path: Path) ->
     text = atari100k.table(argparse.Namespace(json=str(report), arms="der,der-epsilon",
                                               reps=200))  # fmt: skip
     assert "1 of 26 games" in text and "| Boxing |" in text and "paired" in text
+
+
+def test_wall_times_are_given_per_machine_and_runs_of_several_or_none_apart() -> None:
+    def run(wall_min: float, machines: list | None) -> dict:
+        return {"wall_s": wall_min * 60 + 30, "final_eval_s": 30.0, "machines": machines}
+
+    runs = [
+        run(20, ["Xeon, 1 torch thread"]),
+        run(40, ["Xeon, 1 torch thread"]),
+        run(10, ["EPYC, 1 torch thread"]),
+        run(50, ["EPYC, 1 torch thread", "Xeon"]),
+        run(60, [None, "Xeon, 1 torch thread"]),
+        run(70, None),
+    ]
+    lines = atari100k.wall_times(runs)
+    assert len(lines) == 3
+    assert lines[0].startswith("training wall time per run, 1 run on EPYC, 1 torch thread: "
+                               "median 10.0 min [10.0, 10.0]")  # fmt: skip
+    assert lines[1].startswith("training wall time per run, 2 runs on Xeon, 1 torch thread: "
+                               "median 30.0 min [20.0, 40.0]")  # fmt: skip
+    assert lines[2].startswith("training wall time per run, 3 runs on several or unrecorded "
+                               "machines: median 60.0 min [50.0, 70.0]")  # fmt: skip
 
 
 def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(

@@ -31,6 +31,27 @@ def test_round_trip(tmp_path: Path) -> None:
     assert not list((tmp_path / "c").glob("*.tmp")), "no temporary file is left behind"
 
 
+def test_a_run_s_pieces_survive_a_weights_only_file_and_older_files_give_one(
+    tmp_path: Path,
+) -> None:
+    """A resumed run's pieces (machine, steps, wall) come back from last.pt as they were
+    saved; a checkpoint written before pieces were kept counts as one piece, on a machine
+    nobody recorded, through its step and wall time."""
+    pieces = [
+        {"machine": None, "from_step": 0, "to_step": 7, "wall_s": 1.5},
+        {"machine": "a CPU, 1 torch thread", "from_step": 7, "to_step": 9, "wall_s": 0.5},
+    ]
+    data = ckpt.training_checkpoint(_payload(1.0), components={}, eval_curve=[], episodes={},
+                                    replay=None, wall_time_s=2.0, pieces=pieces)  # fmt: skip
+    loaded = ckpt.load_checkpoint(ckpt.save_checkpoint(tmp_path / "last.pt", data))
+    assert ckpt.run_pieces(loaded) == pieces
+    older = {k: v for k, v in loaded.items() if k != "pieces"}
+    assert ckpt.run_pieces(older) == [
+        {"machine": None, "from_step": 0, "to_step": 7, "wall_s": 2.0}
+    ]  # fmt: skip
+    assert ckpt.run_pieces({**older, "counters": {"global_step": 0}}) == []
+
+
 def test_run_directory_resolves_to_last_checkpoint(tmp_path: Path) -> None:
     ckpt.save_checkpoint(tmp_path / "checkpoints" / "last.pt", _payload(3.0))
     assert torch.equal(ckpt.load_checkpoint(tmp_path)["weights"], torch.full((3,), 3.0))

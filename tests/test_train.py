@@ -988,7 +988,8 @@ def test_on_cuda_the_captured_update_trains_as_eager_updates_do(tmp_path: Path) 
     for capture in (False, True):
         cfg = load_config("CartPole-v1", overrides={
             **SHORT, "device": "cuda", "total_steps": 1_500, "capture_graph": capture})
-        train(cfg, tmp_path / str(capture), progress=False, echo=lambda _: None)
+        result = train(cfg, tmp_path / str(capture), progress=False, echo=lambda _: None)
+        assert torch.cuda.get_device_name() in result.pieces[0]["machine"]  # where it ran
         results[capture] = load_checkpoint(tmp_path / str(capture) / "checkpoints" / "last.pt")
     for key, value in results[False]["q_network"].items():
         torch.testing.assert_close(results[True]["q_network"][key], value, rtol=1e-4, atol=1e-5)
@@ -1075,7 +1076,8 @@ def test_on_cuda_rainbow_trains_with_the_captured_update_as_eagerly(
         cfg = load_config("CartPole-v1", "rainbow", overrides={
             **SHORT, "device": "cuda", "total_steps": 1_500, "capture_graph": capture,
             "replay_storage": storage})  # fmt: skip
-        train(cfg, tmp_path / str(capture), progress=False, echo=lambda _: None)
+        result = train(cfg, tmp_path / str(capture), progress=False, echo=lambda _: None)
+        assert torch.cuda.get_device_name() in result.pieces[0]["machine"]  # where it ran
         results[capture] = load_checkpoint(tmp_path / str(capture) / "checkpoints" / "last.pt")
     for key, value in results[False]["q_network"].items():
         torch.testing.assert_close(results[True]["q_network"][key], value, rtol=1e-4, atol=1e-5)
