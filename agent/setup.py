@@ -43,6 +43,7 @@ __all__ = [
     "build_q_network",
     "check_observations",
     "close_quietly",
+    "cpu_name",
     "describe_machine",
     "hold_run_dir",
     "learner_settings",
@@ -103,17 +104,21 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def describe_machine(device: torch.device) -> str:
-    """The hardware a run's piece ran on, for result.json: the CPU's model name and the
-    torch threads, and the GPU's name where the run is on CUDA."""
-    cpu = platform.processor() or platform.machine() or "unknown CPU"
+def cpu_name() -> str:
+    """The CPU's model name as Linux gives it (``Intel(R) Xeon(R) Processor``), else what
+    ``platform`` knows."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe_machine(device: torch.device) -> str:
+    """The hardware a run's piece ran on, for result.json: the CPU's model name and the
+    torch threads, and the GPU's name where the run is on CUDA."""
     threads = torch.get_num_threads()
-    text = f"{cpu}, {threads} torch thread{'s' if threads > 1 else ''}"
+    text = f"{cpu_name()}, {threads} torch thread{'s' if threads > 1 else ''}"
     if device.type == "cuda":
         text += f", {torch.cuda.get_device_name(device)}"
     return text

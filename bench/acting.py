@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -38,6 +37,7 @@ from torch import nn
 from agent.acting import ActionSelector
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise
+from agent.setup import cpu_name
 
 __all__ = ["machine", "make_obs", "time_calls"]
 
@@ -173,15 +173,7 @@ def run_cases(cases: list[dict], calls: int, repeats: int, warmup: int) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    parts = [f"CPU: {cpu} ({torch.get_num_threads()} torch thread(s))"]
+    parts = [f"CPU: {cpu_name()} ({torch.get_num_threads()} torch thread(s))"]
     if torch.cuda.is_available():
         parts.append(f"GPU: {torch.cuda.get_device_name()}")
     parts.append(

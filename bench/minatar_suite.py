@@ -475,12 +475,9 @@ def _training_returns(run_dir: Path) -> list[float]:
 
 
 def _cpu() -> str:
-    info = Path("/proc/cpuinfo")
-    if not info.exists():
-        return "unknown"
-    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
-             if line.startswith("model name")]
-    return f"{names[0]} ({len(names)} cores)" if names else "unknown"
+    from agent.setup import cpu_name
+
+    return f"{cpu_name()} ({os.cpu_count()} cores)"
 
 
 def main() -> int:

@@ -27,16 +27,15 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from agent.replay import ReplayBuffer
+from agent.setup import cpu_name
 
 GAMMA = 0.99
 
@@ -342,16 +341,6 @@ def bench_cuda(
         gc.collect()
         torch.cuda.empty_cache()
     return rows
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

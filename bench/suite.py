@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config_files import env_config_file, load_config, presets
+from agent.setup import cpu_name
 from agent.sweep.stats import bootstrap_ci, difference_ci, iqm
 from bench.cartpole import SB3_ZOO as SB3_ZOO_CARTPOLE
 from bench.cartpole import ROOT, parse_seeds, run_ours, run_sb3, timed_run_py
@@ -493,9 +494,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
-                .splitlines() if line.startswith("model name")), "unknown CPU") \
-        if Path("/proc/cpuinfo").exists() else "unknown CPU"
+    cpu = cpu_name()
     where = f"runs from {args.from_json}" if args.from_json else \
         f"seeds {args.seeds} (SB3: first {len(sb3_seeds)})"
     print(f"\n{where}, jobs={args.jobs}, {os.cpu_count()} CPUs ({cpu}), {len(jobs)} runs "
