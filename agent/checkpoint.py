@@ -283,7 +283,7 @@ def training_checkpoint(
     episodes: dict[str, Any],
     replay: Any | None,
     wall_time_s: float = 0.0,
-    pieces: list[dict[str, Any]] | None = None,
+    pieces: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """A :func:`policy_checkpoint` plus everything an exact resume needs (``last.pt``).
 
@@ -300,7 +300,7 @@ def training_checkpoint(
         "rng": get_rng_state(),
         "envs": episodes,
         "wall_time_s": wall_time_s,
-        "pieces": pieces or [],
+        "pieces": pieces,
     }
     data.update({name: part.state_dict() for name, part in components.items() if part is not None})
     if replay is not None:

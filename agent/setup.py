@@ -286,8 +286,6 @@ class Run:
     """The run's earlier pieces (:func:`agent.checkpoint.run_pieces`), for result.json."""
     machine: str = ""
     """Where this piece runs (:func:`describe_machine`)."""
-    start_step: int = 0
-    """The env step this piece started at: 0, or the step of the checkpoint it resumed."""
     augment: RandomShift | None = None
     """The augmentation of the replay batches (``augment``), or None."""
     extra_components: dict[str, Any] = field(default_factory=dict)
@@ -377,7 +375,6 @@ def prepare_run(
             checkpoint, q_network=agent.q_network, replay=agent.replay, components=run.components
         )
         run.counters = Counters(**checkpoint["counters"])
-        run.start_step = run.counters.global_step
         if "replay" not in checkpoint:
             # The buffer starts empty: fill it again before learning, as a new run does.
             run.counters.learning_starts = run.counters.global_step + cfg.learning_starts

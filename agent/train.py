@@ -171,9 +171,10 @@ class Checkpoints:
         """The run's earlier pieces and this one so far (:class:`TrainResult`'s ``pieces``),
         the run's wall time being ``wall_time_s``."""
         run = self.run
+        before = run.pieces_before
         now = {
             "machine": run.machine,
-            "from_step": run.start_step,
+            "from_step": before[-1]["to_step"] if before else 0,  # the step resumed from
             "to_step": run.counters.global_step,
             "wall_s": wall_time_s - run.wall_before,
         }
