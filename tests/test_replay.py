@@ -564,7 +564,10 @@ def test_gpu_ring_cpu_learner():
     cpu, gpu_ring = _filled_pair("cpu", "cuda")
     idx = torch.randint(0, len(cpu), (64,), generator=gen("cuda", 4), device="cuda")
     b = gpu_ring.sample(64, generator=gen("cuda", 4))
-    assert all(t.device.type == "cpu" for t in b)
+    # What the learner reads comes to its device; the slots drawn stay where they were
+    # drawn, for update_priorities (Batch's contract).
+    assert all(t.device.type == "cpu" for t in b.learned)
+    assert b.indices is not None and b.indices.is_cuda
     assert_same(cpu.gather(idx.cpu()), b)
 
 
