@@ -219,12 +219,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
         saved["device"] = args.device
     cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
     ended = _how_it_ended(run_dir, step)
-    if step >= cfg.total_steps or (ended and args.total_steps is None):
+    if ended and args.total_steps is None:
         _user_error(
-            f"{run_dir} {ended or f'already ran {step} of its {cfg.total_steps} steps'}: "
-            f"extend it with --resume {run_dir} --total-steps N, N above {step}"
+            f"{run_dir} {ended}: extend it with --resume {run_dir} --total-steps N, N above {step}"
         )
-    print(f"resuming {run_dir} at step {step}, saved {resume_exactness(data)}")
+    if step >= cfg.total_steps:  # stopped in (or before) its final evaluation
+        print(f"resuming {run_dir} at step {step}, its last: the final evaluation")
+    else:
+        print(f"resuming {run_dir} at step {step}, saved {resume_exactness(data)}")
     return _run_training(cfg, run_dir, data, progress=not args.no_progress)
 
 
@@ -277,8 +279,9 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
     if result.status == "interrupted":
         name = signal.Signals(result.stop_signal or signal.SIGINT).name
         how = result.buffer_left_out or "with the replay buffer: the resume is exact"
+        where = " in the final evaluation" if result.global_step >= cfg.total_steps else ""
         print(
-            f"interrupted ({name}) at step {result.global_step}; saved "
+            f"interrupted ({name}){where} at step {result.global_step}; saved "
             f"{run_dir}/checkpoints/last.pt {how}\n"
             f"resume with: {command()} --resume {run_dir}"
         )

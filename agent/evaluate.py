@@ -17,6 +17,7 @@ from envs import episode_seed
 __all__ = [
     "EVAL_STREAM",
     "EvalResult",
+    "EvaluationStopped",
     "Evaluator",
     "format_return",
     "json_ready",
@@ -27,6 +28,11 @@ __all__ = [
 EVAL_STREAM = streams.EVAL
 # The last entropy word of an evaluation episode's own random actions (eval_epsilon).
 _EPSILON_KEY = 7
+
+
+class EvaluationStopped(Exception):
+    """:func:`run_episodes` was asked to stop (its ``stop`` returned True) before the
+    episodes were played."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ def run_episodes(
     stream: int = EVAL_STREAM,
     epsilon: float = 0.0,
     n_actions: int | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> EvalResult:
     """Play ``episodes`` full episodes with ``policy`` on ``len(envs)`` copies at once.
 
@@ -82,6 +89,9 @@ def run_episodes(
     ``epsilon``: each step plays a uniform random action among ``n_actions`` with this
     probability instead of the policy's, drawn from the episode's own generator (seeded
     like its reset), so the score still does not depend on the number of copies.
+
+    ``stop``: asked before every step; when it returns True the episodes are abandoned
+    (:class:`EvaluationStopped`), so that Ctrl-C ends a long evaluation at once.
     """
     if epsilon > 0 and not n_actions:
         raise ValueError("run_episodes with epsilon > 0 needs n_actions")
@@ -110,6 +120,8 @@ def run_episodes(
         start(i)
     steps = [env.step for env in envs]
     while batch is not None and any(k >= 0 for k in playing):
+        if stop is not None and stop():
+            raise EvaluationStopped
         actions = policy(batch)
         for i, k in enumerate(playing):
             if k < 0:
@@ -174,10 +186,10 @@ class Evaluator:
         self.final_wall_s: float | None = None
         """Wall seconds of the final evaluation, once it ran."""
 
-    def _episodes(self, episodes: int) -> EvalResult:
+    def _episodes(self, episodes: int, stop: Callable[[], bool] | None = None) -> EvalResult:
         return run_episodes(
             self.policy, self.envs, episodes, seed=self.seed, round_index=self.state.eval_round,
-            epsilon=self.epsilon, n_actions=self.n_actions,
+            epsilon=self.epsilon, n_actions=self.n_actions, stop=stop,
         )  # fmt: skip
 
     def _round(self, episodes: int) -> EvalResult:
@@ -209,11 +221,16 @@ class Evaluator:
                         "eval/confirm_lower_bound": lower})
         return lower >= target
 
-    def final(self, step: int) -> float:
+    def final(self, step: int, stop: Callable[[], bool] | None = None) -> float | None:
         """The final policy's mean over ``final_episodes`` fresh episodes: never the round
-        that stopped the run, which is at the target by selection."""
+        that stopped the run, which is at the target by selection. None when ``stop``
+        (asked every step) ended it first: the same episodes are played again in full
+        when the run resumes."""
         start = time.perf_counter()
-        mean = self._episodes(self.final_episodes).mean
+        try:
+            mean = self._episodes(self.final_episodes, stop).mean
+        except EvaluationStopped:
+            return None
         self.final_wall_s = time.perf_counter() - start
         self.log(step, {"eval/final_mean_return": mean})
         return mean

@@ -222,7 +222,7 @@ def train(
             raise outcomes[0]
         # The end: save, then measure the final policy on fresh episodes.
         return finish_run(run, member.monitor, member.checkpoints, member.evaluate, run.obs,
-                          outcomes[0], stop.received)  # type: ignore[arg-type]  # fmt: skip
+                          outcomes[0], stop)  # type: ignore[arg-type]  # fmt: skip
 
 
 @dataclass
@@ -445,16 +445,22 @@ def finish_run(
     evaluate: Evaluator,
     obs: np.ndarray,
     status: Literal["finished", "solved", "interrupted"],
-    stop_signal: int | None,
+    stop: StopSignals,
     learner_backend: str | None = None,
 ) -> TrainResult:
     """The end of a run: save ``last.pt``, measure the final policy on fresh episodes
-    (not after an interruption), write ``result.json``. ``learner_backend``: where not
-    the run's own learner learned (a seed group's stacked one)."""
+    (not after an interruption), write ``result.json``. ``stop``: the run's Ctrl-C and
+    SIGTERM; one during the final evaluation ends it there, and the run is interrupted
+    (its resume plays the final evaluation alone). ``learner_backend``: where not the
+    run's own learner learned (a seed group's stacked one)."""
     counters, learner = run.counters, run.agent.learner
     checkpoints.save_last(obs)
     monitor.progress(counters.global_step)
-    final_eval = None if status == "interrupted" else evaluate.final(counters.global_step)
+    final_eval = None
+    if status != "interrupted":
+        final_eval = evaluate.final(counters.global_step, lambda: stop.received is not None)
+        if final_eval is None:
+            status = "interrupted"
     if final_eval is not None:
         monitor.hparams(run.ran, {"eval/final_mean_return": final_eval})
     wall = checkpoints.wall_time()
@@ -469,7 +475,7 @@ def finish_run(
         best_eval_return=counters.best_eval,
         final_eval_return=final_eval,
         eval_curve=run.eval_curve,
-        stop_signal=stop_signal,
+        stop_signal=stop.received,
         learner_backend=learner_backend or learner.backend,
         buffer_left_out=checkpoints.buffer_left_out,
         final_eval_wall_s=evaluate.final_wall_s,

@@ -156,6 +156,24 @@ def test_a_policy_at_the_target_is_confirmed_on_fresh_episodes() -> None:
     assert evaluate.final(200) == 5.0 and state.eval_round == 2
 
 
+def test_a_stop_ends_the_final_evaluation_at_the_next_step_and_moves_nothing() -> None:
+    calls: list[int] = []
+
+    def counting(batch: np.ndarray) -> np.ndarray:
+        calls.append(len(batch))
+        return _perfect(batch)
+
+    evaluate, state, logged, _ = _evaluator(counting, target=None, confirm_episodes=6)
+    # Asked before every step: stopped once the third step was played, no fourth one.
+    assert evaluate.final(200, stop=lambda: len(calls) >= 3) is None
+    assert len(calls) == 3
+    assert evaluate.final_wall_s is None and logged == [] and state.eval_round == 0
+    # Played again without a stop, the same episodes score as one never stopped.
+    fresh, *_ = _evaluator(_perfect, target=None, confirm_episodes=6)
+    assert evaluate.final(200) == fresh.final(200) == 5.0
+    assert evaluate.final_wall_s is not None
+
+
 def _always_one(batch: np.ndarray) -> np.ndarray:
     return np.ones(len(batch), dtype=np.int64)  # right about half the time
 

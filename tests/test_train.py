@@ -762,6 +762,54 @@ def test_ctrl_c_and_resume_give_the_uninterrupted_run_by_default(
     assert _returns(tmp_path / "a") == _returns(tmp_path / "b")
 
 
+def test_ctrl_c_in_the_final_evaluation_stops_it_and_the_resume_plays_it_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final evaluation (100 Atari episodes: minutes) hears Ctrl-C: it ends at the next
+    step, the run is interrupted at its last step, and the resume plays that evaluation
+    alone, as the run that never stopped played it."""
+    from agent.evaluate import Evaluator
+
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_200,
+                                                "final_episodes": 20})  # fmt: skip
+    straight = train(cfg, tmp_path / "a", progress=False, echo=lambda _: None)
+
+    final, calls = Evaluator.final, []
+
+    def interrupted_final(self, step, stop=None):  # type: ignore[no-untyped-def]
+        policy = self.policy
+
+        def acting(obs):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            if len(calls) == 5:  # Ctrl-C: one SIGINT to this process, mid-evaluation
+                os.kill(os.getpid(), signal.SIGINT)
+            return policy(obs)
+
+        self.policy = acting
+        try:
+            return final(self, step, stop)
+        finally:
+            self.policy = policy
+
+    monkeypatch.setattr(Evaluator, "final", interrupted_final)
+    stopped = train(cfg, tmp_path / "b", progress=False, echo=lambda _: None)
+    monkeypatch.undo()
+    assert len(calls) == 5  # not one step of the evaluation after the signal
+    assert stopped.status == "interrupted" and stopped.stop_signal == signal.SIGINT
+    assert stopped.global_step == 1_200 and stopped.final_eval_return is None
+    saved = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert saved["status"] == "interrupted" and saved["final_eval_return"] is None
+
+    # run.py --resume takes a run at its last step when the final evaluation is missing.
+    assert cli.main(["--resume", str(tmp_path / "b"), "--no-progress"]) == 0
+    resumed = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert resumed["status"] == "finished" and resumed["global_step"] == 1_200
+    assert resumed["updates"] == straight.updates
+    assert resumed["final_eval_return"] == straight.final_eval_return
+    assert resumed["final_eval_wall_s"] is not None
+    assert _returns(tmp_path / "a") == _returns(tmp_path / "b")
+
+
 def test_a_buffer_over_the_auto_limit_is_left_out_and_the_result_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

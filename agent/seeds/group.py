@@ -292,7 +292,7 @@ def train_group(
 
         def end(seed: Member, outcome: str | BaseException) -> None:
             assert isinstance(seed, Seed)
-            result = _finish(seed, outcome, stop.received)
+            result = _finish(seed, outcome, stop)
             results[index[id(seed)]] = result
             if on_done is not None and isinstance(result, TrainResult):
                 on_done(result)
@@ -326,7 +326,7 @@ def _prepare_seed(
 
 
 def _finish(
-    seed: Seed, outcome: str | BaseException, stop_signal: int | None
+    seed: Seed, outcome: str | BaseException, stop: StopSignals
 ) -> TrainResult | BaseException:
     """A seed's end as a single run's (``finish_run``), or its error recorded."""
     if isinstance(outcome, NonFiniteError):
@@ -336,7 +336,7 @@ def _finish(
     try:
         return finish_run(
             seed.run, seed.monitor, seed.checkpoints, seed.evaluate, seed.run.obs,
-            outcome, stop_signal, learner_backend="stacked",  # type: ignore[arg-type]
+            outcome, stop, learner_backend="stacked",  # type: ignore[arg-type]
         )  # fmt: skip
     except NonFiniteError as e:  # diverged since the last log: no last.pt of NaNs
         return _diverged(seed, e)
