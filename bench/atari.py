@@ -7,13 +7,15 @@
     python -m bench.atari --envs 1,4,16    # other num_envs values
     python -m bench.atari --breakdown      # then: where the time of one env step goes
     python -m bench.atari --breakdown --no-sps   # the breakdown alone (seconds)
+    python -m bench.atari --env KrullNoFrameskip-v4 --config der --envs 1 --breakdown
+                                           # a preset's runs and breakdown (run.py --config)
 
 Needs the atari extra (``pip install -e ".[atari]"``). SPS is measured as in
 ``bench/vector.py``: short ``train`` runs with the ``configs/atari.yaml`` settings
-(Nature CNN, hidden [512], batch 32, train_freq 4, n_step 3) on ``--device`` (CPU by
-default, with one torch thread), except that learning starts after a few thousand
-steps instead of 80k and the buffer is small; *acting* is the SPS before learning
-starts, *learning* after.
+(Nature CNN, hidden [512], batch 32, train_freq 4, n_step 3), or ``--config``'s, on
+``--device`` (CPU by default, with one torch thread), except that learning starts after
+a few thousand steps instead of 80k and the buffer is small; *acting* is the SPS before
+learning starts, *learning* after.
 Memory: bytes of storage per transition of the frame replay (one 84x84 frame plus
 indices and scalars) and of the full-observation ReplayBuffer (obs and next_obs
 stacks), and what a 1M-transition buffer costs with each.
@@ -21,9 +23,10 @@ stacks), and what a 1M-transition buffer costs with each.
 ``--breakdown`` times the parts of one training step alone, with the agent that
 ``train`` builds for the config (``build_agent``): one step of the sync vector env
 (random actions), one ``ActionSelector`` call, one replay add, one ``replay.sample(32)``
-and one ``learner.update`` (medians of single calls, each synchronised on CUDA), and
-what each costs per env step: the first three serve ``num_envs`` env steps, the last
-two ``train_freq`` env steps (updates are due per env step summed over sub-envs).
+and one update as training runs it (``agent.update``: on CUDA a graph, with the eager
+``learner.update`` timed beside it) (medians of single calls, each synchronised on
+CUDA), and what each costs per env step: the first three serve ``num_envs`` env steps,
+the last two ``train_freq`` env steps (updates are due per env step summed over sub-envs).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 
 from agent.config_files import load_config
+from agent.learner import CapturedUpdate
 from agent.replay.frames import FrameReplayBuffer
 from agent.replay import ReplayBuffer
 from bench.acting import machine
@@ -85,7 +89,9 @@ class Clock:
         return statistics.median(self.times[name])
 
 
-def breakdown(env_id: str, num_envs: int, device: str, quick: bool) -> None:
+def breakdown(
+    env_id: str, num_envs: int, device: str, quick: bool, config: str | None = None
+) -> None:
     """Print where the time of one env step goes, part by part (see the module docstring)."""
     # Imported here: the SPS runs do not need them, and an env problem then fails this only.
     from agent.train import build_agent, resolve_device
@@ -95,7 +101,7 @@ def breakdown(env_id: str, num_envs: int, device: str, quick: bool) -> None:
     # A small buffer: the frames' pages are only committed as they are written anyway, but
     # the index arrays of a 1M buffer are allocated whole (and a sample's cost does not
     # depend on the capacity, only on what is stored).
-    cfg = load_config(env_id, overrides={
+    cfg = load_config(env_id, config, overrides={
         "device": device, "num_envs": num_envs, "buffer_size": 50_000, "torch_threads": 1,
     })
     spec = inspect_env(env_id, cfg.env_kwargs, cfg.wrappers)
@@ -137,9 +143,15 @@ def breakdown(env_id: str, num_envs: int, device: str, quick: bool) -> None:
                       partial(replay.sample, cfg.batch_size, generator))
         if len(batches) < 8:
             batches.append(batch)
+    # The update as training calls it (``agent.update``: on CUDA a graph captured at its
+    # first call), and beside it, where that differs, the eager ``learner.update``.
+    captured = isinstance(agent.update, CapturedUpdate)
     for i in range(warmup + updates):
-        clock("update" if i >= warmup else None,
-              partial(learner.update, batches[i % len(batches)]))
+        clock("update" if i >= warmup else None, partial(agent.update, batches[i % len(batches)]))
+        if captured:
+            clock("eager" if i >= warmup else None,
+                  partial(learner.update, batches[i % len(batches)]))
+    captured = captured and agent.update.graph is not None
     if not learner.parameters_finite():
         print(f"warning: num_envs={num_envs}: non-finite parameters after the timed updates")
 
@@ -150,7 +162,8 @@ def breakdown(env_id: str, num_envs: int, device: str, quick: bool) -> None:
         (f"(b) ActionSelector call: {n} obs, {backend}", clock.median("select"), 1 / n),
         (f"(c) replay add: {n} transition(s)", clock.median("add"), 1 / n),
         (f"(c) replay.sample({cfg.batch_size})", clock.median("sample"), 1 / k),
-        (f"(d) learner.update, batch {cfg.batch_size}", clock.median("update"), 1 / k),
+        (f"(d) update, batch {cfg.batch_size}{', a CUDA graph' if captured else ''}",
+         clock.median("update"), 1 / k),
     ]
     total = sum(us * per for _, us, per in parts)
     print(f"\n## num_envs={n} on {dev}: where the time goes per env step "
@@ -162,12 +175,14 @@ def breakdown(env_id: str, num_envs: int, device: str, quick: bool) -> None:
         print(f"| {what} | {us:,.0f} | 1/{round(1 / per)} | {us * per:,.1f} | "
               f"{100 * us * per / total:.0f}% |")
     print(f"| total | | | {total:,.1f} | 100% |")
+    if captured:
+        print(f"| (the same update eager, not counted) | {clock.median('eager'):,.0f} | | | |")
     print(f"\nthese parts alone allow {1e6 / total:,.0f} env steps per second "
           "(the loop adds its bookkeeping: episodes, logging, target syncs)", flush=True)
 
 
 def sps_runs(env_id: str, env_counts: list[int], use_async: bool, device: str,
-             quick: bool) -> None:
+             quick: bool, config: str | None = None) -> None:
     """The memory table, then the acting and learning SPS of one short run per num_envs."""
     memory_table()
     print()
@@ -186,7 +201,7 @@ def sps_runs(env_id: str, env_counts: list[int], use_async: bool, device: str,
             "device": device,  # measure_sps pins "cpu"; overrides are applied after it
         }
         try:
-            sps = measure_sps(env_id, n, acting, learning, log, kind, overrides)
+            sps = measure_sps(env_id, n, acting, learning, log, kind, overrides, config)
         except Exception as e:
             print(f"| {n} | {kind} | failed: {type(e).__name__}: {e} | |", flush=True)
             continue
@@ -209,6 +224,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the networks and the learner live (default cpu)")
     parser.add_argument("--envs", default="1,8", help="comma-separated num_envs values")
+    parser.add_argument("--config", help="a preset (der, rainbow) or a YAML, as run.py --config")
     parser.add_argument("--breakdown", action="store_true",
                         help="after the training runs, time the parts of a training step")
     parser.add_argument("--no-sps", action="store_true",
@@ -221,15 +237,21 @@ def main() -> None:
         env_counts = parse_envs(args.envs)
     except ValueError:
         parser.error(f"--envs {args.envs!r}: give positive integers separated by commas, e.g. 1,8")
+    if args.config is not None:
+        try:
+            load_config(args.env, args.config)
+        except Exception as e:  # an unknown preset, a YAML that does not parse or validate
+            parser.error(str(e))
     torch.set_num_threads(1)
     on = " on cuda" if args.device == "cuda" else ""  # the CPU header as it always was
-    print(f"# {args.env}{on}: {machine()}")
+    preset = f" --config {args.config}" if args.config else ""
+    print(f"# {args.env}{preset}{on}: {machine()}")
     if not args.no_sps:
-        sps_runs(args.env, env_counts, args.use_async, args.device, args.quick)
+        sps_runs(args.env, env_counts, args.use_async, args.device, args.quick, args.config)
     if args.breakdown:
         for n in env_counts:
             try:
-                breakdown(args.env, n, args.device, args.quick)
+                breakdown(args.env, n, args.device, args.quick, args.config)
             except Exception as e:  # one failing size says why; the others still run
                 print(f"breakdown for num_envs={n} failed: {type(e).__name__}: {e}", flush=True)
 

@@ -8,14 +8,18 @@
 #   bash bench/gpu_check.sh seeds    # seeds stacked on cuda: bench/seeds.py, bench/seed_group.py
 #   bash bench/gpu_check.sh der      # one Atari 100k run of --config der on cuda (resumes)
 #   bash bench/gpu_check.sh pong     # Pong from scratch in one command, its curve (resumes)
+#   bash bench/gpu_check.sh figures  # the figures docs/performance.md lacks, in one command
 #
+# BUDGET=S caps the whole command at S seconds: each step's limit is cut to what is left
+# (less a margin), and a step with under 20 s left is skipped, so a short lease still
+# returns every log.
 # Each step runs under its own time limit and logs to $LOGS/<step>.log (default
 # /tmp/gpu_logs); a line per step says its exit status and seconds, and a failed step
 # prints the end of its log. With $OUT set (the lent-device tool), the logs are packed
 # into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
 # Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
 set -u
-phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari|seeds|der|pong}
+phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari|seeds|der|pong|figures}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}
@@ -34,10 +38,21 @@ pack() {
     if [ -n "${OUT:-}" ]; then tar -czf "$OUT/logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; fi
 }
 
+BUDGET=${BUDGET:-0}
+
 # step NAME SECONDS COMMAND...: run it with a time limit, log it, report it.
 step() {
     local name=$1 limit=$2
     shift 2
+    if [ "$BUDGET" -gt 0 ]; then
+        local left=$((BUDGET - SECONDS - 30))
+        if [ "$left" -lt 20 ]; then
+            printf '== %-28s skipped: %ss of the budget left\n' "$name" "$((BUDGET - SECONDS))"
+            failed=$((failed + 1))
+            return 124
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
     local t0=$SECONDS
     timeout --signal=INT --kill-after=20 "$limit" "$@" >"$LOGS/$name.log" 2>&1
     local rc=$?
@@ -203,6 +218,8 @@ wall_time_s) s in all, $(json "$r/result.json" final_eval_wall_s) s of final eva
     else
         grep -h "resume" "$LOGS"/der_cuda*.log | tail -n 1
     fi
+    cp "$r/result.json" "$LOGS/der_result.json" 2>/dev/null
+    pack
     ;;
 pong)
     # Pong from scratch inside one 10-minute command, the goal a noise-free +18. A first
@@ -222,6 +239,34 @@ pong)
     step pong_curve 60 $PY -m bench.curve "$r" --out "$LOGS/pong_curve.png" \
         --title "PongNoFrameskip-v4 on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
     sed -n '/^|/p;/^training/p' "$LOGS/pong_curve.log"
+    ;;
+figures)
+    # The figures the docs lack, most wanted first, for one short lease (BUDGET=570 inside
+    # a 600 s command): the gpu tests; where a DER step's time goes (acting, sampling,
+    # the update as training runs it, a CUDA graph, beside the eager one); CartPole-v1
+    # end to end; Pong steps/s with 16 envs and its breakdown; 256 CartPole seeds in one
+    # process against one seed alone. (One whole DER run has its own phase: der.)
+    step pytest_gpu 120 $PY -m pytest -m gpu -q -rs -p no:cacheprovider
+    grep -E "passed|failed|error" "$LOGS/pytest_gpu.log" | tail -n 1
+    step bench_atari_der 90 $PY -m bench.atari --env KrullNoFrameskip-v4 --config der \
+        --envs 1 --breakdown --no-sps --device cuda
+    sed -n '/^|/p' "$LOGS/bench_atari_der.log"
+    r=$RUNS/cartpole_cuda
+    rm -rf "$r"
+    step train_cuda 60 $PY run.py --env CartPole-v1 --device cuda --seed 1 --run-dir "$r" \
+        --no-progress
+    if [ -f "$r/result.json" ]; then
+        echo "   status $(json "$r/result.json" status), solved at $(json "$r/result.json" \
+solved_step), final $(json "$r/result.json" final_eval_return), $(json "$r/result.json" \
+wall_time_s) s"
+        cp "$r/result.json" "$LOGS/cartpole_cuda_result.json"
+    fi
+    pack
+    step bench_atari 100 $PY -m bench.atari --device cuda --envs 16 --async --breakdown
+    sed -n '/^|/p' "$LOGS/bench_atari.log"
+    step bench_seed_group 240 $PY -m bench.seed_group speed --seeds 256 --steps 2000 \
+        --device cuda
+    sed -n '/^|/p' "$LOGS/bench_seed_group.log"
     ;;
 *)
     echo "unknown phase $phase" >&2

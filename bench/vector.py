@@ -43,8 +43,10 @@ def measure_sps(
     log_interval: int,
     vector: str = "sync",
     overrides: dict[str, Any] | None = None,
+    config_file: str | None = None,
 ) -> dict[str, float]:
-    """Median SPS of the acting and learning phases of one short training run."""
+    """Median SPS of the acting and learning phases of one short training run
+    (``config_file``: a preset's name or a YAML, as ``run.py --config``)."""
     values = {
         "num_envs": num_envs,
         "vector": vector,
@@ -59,7 +61,7 @@ def measure_sps(
         "torch_threads": 1,
         **(overrides or {}),
     }
-    cfg = load_config(env_id, overrides=values)
+    cfg = load_config(env_id, config_file, overrides=values)
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", progress=False, echo=lambda _: None)
         acc = EventAccumulator(str(Path(tmp) / "run"), size_guidance={"scalars": 0})

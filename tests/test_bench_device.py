@@ -53,8 +53,15 @@ def test_atari_breakdown_quick_on_cpu_prints_every_part():
     assert out.returncode == 0, out.stderr
     assert "failed" not in out.stdout, out.stdout
     for part in ("(a) vector env step", "(b) ActionSelector call", "(c) replay add",
-                 "(c) replay.sample(32)", "(d) learner.update, batch 32", "| total |"):
+                 "(c) replay.sample(32)", "(d) update, batch 32", "| total |"):
         assert part in out.stdout, out.stdout
+
+
+def test_atari_config_that_is_no_preset_is_a_one_line_usage_error():
+    out = bench("atari", "--config", "nope", "--no-sps", "--breakdown", "--envs", "1")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "no preset of that name" in out.stderr.strip().splitlines()[-1]
 
 
 def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
@@ -109,3 +116,17 @@ def test_atari_breakdown_quick_on_cuda():
     assert "failed" not in out.stdout, out.stdout
     assert out.stdout.count("| total |") == 2
     assert "graph (captured)" in out.stdout  # the selector's CUDA graph
+    # the update as training runs it, a CUDA graph, with the eager one beside it
+    assert out.stdout.count("(d) update, batch 32, a CUDA graph") == 2, out.stdout
+    assert out.stdout.count("(the same update eager, not counted)") == 2, out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_ALE, reason="needs ale_py (the atari extra)")
+def test_atari_breakdown_of_the_der_preset_on_cuda():
+    out = bench("atari", "--env", "KrullNoFrameskip-v4", "--config", "der", "--breakdown",
+                "--no-sps", "--quick", "--envs", "1", "--device", "cuda")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "failed" not in out.stdout, out.stdout
+    assert "train_freq 1" in out.stdout  # DER's update every step, not atari.yaml's 4
+    assert "(d) update, batch 32, a CUDA graph" in out.stdout, out.stdout
