@@ -84,6 +84,21 @@ train() {
     fi
 }
 
+# cartpole_cuda RUN_DIR SECONDS: CartPole-v1 from scratch on cuda (its YAML, seed 1), its
+# outcome in a line and its result.json among the logs.
+cartpole_cuda() {
+    rm -rf "$1"
+    step train_cuda "$2" $PY run.py --env CartPole-v1 --device cuda --seed 1 --run-dir "$1" \
+        --no-progress
+    if [ -f "$1/result.json" ]; then
+        echo "   status $(json "$1/result.json" status), solved at $(json "$1/result.json" \
+solved_step), final $(json "$1/result.json" final_eval_return), $(json "$1/result.json" \
+wall_time_s) s"
+        cp "$1/result.json" "$LOGS/cartpole_cuda_result.json"
+        pack
+    fi
+}
+
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     $PY -c "import sys, torch, gymnasium; print(sys.version.split()[0], torch.__version__, \
@@ -102,14 +117,7 @@ verify)
     # End to end: train CartPole-v1 on cuda (its YAML, seed 1), then evaluate its best
     # policy on cpu and on cuda.
     r=$RUNS/cartpole_cuda
-    rm -rf "$r"
-    step train_cuda 240 $PY run.py --env CartPole-v1 --device cuda --seed 1 --run-dir "$r" \
-        --no-progress
-    if [ -f "$r/result.json" ]; then
-        echo "   status $(json "$r/result.json" status), solved at $(json "$r/result.json" \
-solved_step), final $(json "$r/result.json" final_eval_return), $(json "$r/result.json" \
-wall_time_s) s"
-    fi
+    cartpole_cuda "$r" 240
     for dev in cpu cuda; do
         step "eval_cuda_ckpt_on_$dev" 120 $PY run.py --env CartPole-v1 --eval \
             "$r/checkpoints/best.pt" --device "$dev" --episodes 20 --json
@@ -251,17 +259,7 @@ figures)
     step bench_atari_der 90 $PY -m bench.atari --env KrullNoFrameskip-v4 --config der \
         --envs 1 --breakdown --no-sps --device cuda
     sed -n '/^|/p' "$LOGS/bench_atari_der.log"
-    r=$RUNS/cartpole_cuda
-    rm -rf "$r"
-    step train_cuda 60 $PY run.py --env CartPole-v1 --device cuda --seed 1 --run-dir "$r" \
-        --no-progress
-    if [ -f "$r/result.json" ]; then
-        echo "   status $(json "$r/result.json" status), solved at $(json "$r/result.json" \
-solved_step), final $(json "$r/result.json" final_eval_return), $(json "$r/result.json" \
-wall_time_s) s"
-        cp "$r/result.json" "$LOGS/cartpole_cuda_result.json"
-    fi
-    pack
+    cartpole_cuda "$RUNS/cartpole_cuda" 60
     step bench_atari 100 $PY -m bench.atari --device cuda --envs 16 --async --breakdown
     sed -n '/^|/p' "$LOGS/bench_atari.log"
     step bench_seed_group 240 $PY -m bench.seed_group speed --seeds 256 --steps 2000 \
