@@ -279,9 +279,10 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
     if result.status == "interrupted":
         name = signal.Signals(result.stop_signal or signal.SIGINT).name
         how = result.buffer_left_out or "with the replay buffer: the resume is exact"
-        where = " in the final evaluation" if result.global_step >= cfg.total_steps else ""
+        done = result.global_step >= cfg.total_steps
+        left = ", its final evaluation still to play" if done else ""
         print(
-            f"interrupted ({name}){where} at step {result.global_step}; saved "
+            f"interrupted ({name}) at step {result.global_step}{left}; saved "
             f"{run_dir}/checkpoints/last.pt {how}\n"
             f"resume with: {command()} --resume {run_dir}"
         )
