@@ -78,7 +78,7 @@ def speed(args: argparse.Namespace) -> None:
 
 def agree(args: argparse.Namespace) -> None:
     from agent.sweep import parse_seeds
-    from agent.sweep.stats import bootstrap_ci, iqm, steps_to_solve
+    from agent.sweep.stats import bootstrap_ci, difference_ci, iqm, steps_to_solve
 
     seeds = parse_seeds(args.seeds)
     common = ["--env", args.env, "--no-progress", "--device", "cpu", "--set", "torch_threads=1"]
@@ -108,20 +108,18 @@ def agree(args: argparse.Namespace) -> None:
         lo, hi = bootstrap_ci(finals[arm])
         print(f"| {arm} | {len(done)}/{len(results)} | {q[1]:.0f} [{q[0]:.0f}, {q[2]:.0f}] | "
               f"{iqm(finals[arm]):.1f} [{lo:.1f}, {hi:.1f}] |")  # fmt: skip
-    rng = np.random.default_rng(0)
     print()
     for name, values, stat in (
-        ("solve rate", solved, np.mean),
-        ("median steps to solve", to_solve, np.median),
-        ("final return IQM", finals, iqm),
+        ("solve rate", solved, "mean"),
+        ("median steps to solve", to_solve, "median"),
+        ("final return IQM", finals, "iqm"),
     ):
         a, b = values["together"], values["alone"]
         if not (a.size and b.size):
             continue
-        diffs = [stat(a[rng.integers(0, a.size, a.size)]) - stat(b[rng.integers(0, b.size, b.size)])
-                 for _ in range(10_000)]  # fmt: skip
-        lo, hi = np.percentile(diffs, [2.5, 97.5])
-        print(f"{name}, together - alone: {stat(a) - stat(b):+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        # Two arms of different runs: each resampled alone (not paired by seed).
+        point, lo, hi = difference_ci(a, b, stat)
+        print(f"{name}, together - alone: {point:+.3f} [{lo:+.3f}, {hi:+.3f}]")
 
 
 def _result(run_dir: Path) -> dict:

@@ -64,6 +64,19 @@ def test_a_paired_difference_of_few_seeds_is_students_t_interval() -> None:
         difference_ci([1.0, 2.0], [1.0], paired=True)
 
 
+def test_an_unpaired_difference_resamples_each_arm_with_its_statistic() -> None:
+    # One run in five at 100: the median difference is 0 where the mean's is 20; a
+    # resample's median reaches 100 when 3 of its 5 draws do (p = 0.058, above 2.5%).
+    a, b = [0.0, 0.0, 0.0, 0.0, 100.0], [0.0] * 5
+    assert difference_ci(a, b, "median") == (0.0, 0.0, 100.0)
+    assert difference_ci(a, b, "mean")[0] == 20.0
+    assert bootstrap_ci(a, "median") == (0.0, 100.0)
+    # A name it does not know is refused, not read as the mean.
+    for call in (lambda: difference_ci(a, b, "medain"), lambda: bootstrap_ci(a, "max")):
+        with pytest.raises(ValueError, match="one of iqm, mean, median"):
+            call()
+
+
 def test_bootstrap_ci_matches_exact_resampling_distribution() -> None:
     # n=4: all 4**4 resamples are equally likely; the bootstrap percentiles converge to theirs.
     x = np.array([10.0, 200.0, 300.0, 500.0])

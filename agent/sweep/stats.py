@@ -43,6 +43,21 @@ def iqm_rows(samples: np.ndarray) -> np.ndarray:
     return np.sort(samples, axis=1)[:, k : n - k].mean(axis=1)
 
 
+# Each statistic's value on every row of a resample matrix (resamples x seeds) at once.
+_ROWS = {
+    "iqm": iqm_rows,
+    "mean": lambda samples: samples.mean(axis=1),
+    "median": lambda samples: np.median(samples, axis=1),
+}
+
+
+def _rows(statistic: str) -> Any:
+    try:
+        return _ROWS[statistic]
+    except KeyError:
+        raise ValueError(f"statistic {statistic!r}: one of {', '.join(_ROWS)}") from None
+
+
 def bootstrap_ci(
     values: Any,
     statistic: str = "iqm",
@@ -50,17 +65,18 @@ def bootstrap_ci(
     reps: int = 50_000,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of the IQM (or ``"mean"``) over seeds.
+    """Percentile bootstrap confidence interval of the IQM (or ``"mean"``, ``"median"``)
+    over seeds.
 
     Resamples the seeds with replacement ``reps`` times (rliable's default of 50 000)
     with a fixed ``seed``, so the same results always give the same interval.
     """
+    rows = _rows(statistic)
     x = np.asarray(values, dtype=np.float64).ravel()
     if x.size == 0:
         raise ValueError("confidence interval of no values")
     rng = np.random.default_rng(seed)
-    samples = x[rng.integers(0, x.size, size=(reps, x.size))]
-    stats = iqm_rows(samples) if statistic == "iqm" else samples.mean(axis=1)
+    stats = rows(x[rng.integers(0, x.size, size=(reps, x.size))])
     tail = 100 * (1 - confidence) / 2
     lo, hi = np.percentile(stats, [tail, 100 - tail])
     return float(lo), float(hi)
@@ -81,8 +97,9 @@ def difference_ci(
     narrow: of three that share a sign, no resample's mean crosses zero, so it would
     call a coin's 1-in-4 chance a difference. One pair gives no interval (-inf, inf).
     Otherwise ``a`` and ``b`` are each resampled alone (percentile bootstrap), with
-    ``statistic`` ``"iqm"`` or ``"mean"``. Rliable's stratified bootstrap over games is
-    the Atari report's own (``bench/atari100k.py``)."""
+    ``statistic`` ``"iqm"``, ``"mean"`` or ``"median"``. Rliable's stratified bootstrap
+    over games is the Atari report's own (``bench/atari100k.py``)."""
+    rows = _rows(statistic)
     xa, xb = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     if xa.size == 0 or xb.size == 0:
         raise ValueError("confidence interval of no values")
@@ -96,11 +113,10 @@ def difference_ci(
         half = t_critical(d.size - 1) * float(d.std(ddof=1)) / math.sqrt(d.size)
         return point, point - half, point + half
     rng = np.random.default_rng(seed)
-    rows = iqm_rows if statistic == "iqm" else (lambda x: x.mean(axis=1))
     sa = xa[rng.integers(0, xa.size, size=(reps, xa.size))]
     sb = xb[rng.integers(0, xb.size, size=(reps, xb.size))]
     diffs = rows(sa) - rows(sb)
-    point = iqm(xa) - iqm(xb) if statistic == "iqm" else float(xa.mean() - xb.mean())
+    point = float(rows(xa[None])[0] - rows(xb[None])[0])
     lo, hi = np.percentile(diffs, [2.5, 97.5])
     return point, float(lo), float(hi)
 
