@@ -47,6 +47,7 @@ __all__ = [
     "describe_machine",
     "hold_run_dir",
     "learner_settings",
+    "limit_cpu_threads",
     "prepare_run",
     "resolve_device",
     "seed_everything",
@@ -255,6 +256,18 @@ def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | Non
     return capture_cuda_graph if capture_graph and device.type == "cuda" else None
 
 
+def limit_cpu_threads(threads: int, cleanup: contextlib.ExitStack) -> None:
+    """Training's CPU settings: ``threads`` torch threads, as many for numpy's BLAS (until
+    ``cleanup`` closes), denormals flushed. Benchmarks that time training's parts apply
+    them too."""
+    torch.set_num_threads(threads)
+    # Denormal Adam moments of dead units are slow on a CPU; flushing them changes nothing.
+    torch.set_flush_denormal(True)
+    # numpy's BLAS gets torch's threads: a thread per core is many times slower beside
+    # other busy processes, and train() may run where numpy was imported first.
+    cleanup.enter_context(threadpool_limits(threads, user_api="blas"))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -334,12 +347,7 @@ def prepare_run(
             f"cannot write the run directory {run_dir} ({e.strerror}): pass a writable --run-dir"
         ) from None
     if device.type == "cpu":
-        torch.set_num_threads(cfg.torch_threads)
-        # Denormal Adam moments of dead units are slow on a CPU; flushing them changes nothing.
-        torch.set_flush_denormal(True)
-        # numpy's BLAS gets torch's threads: a thread per core is many times slower beside
-        # other busy processes, and train() may run where numpy was imported first.
-        cleanup.enter_context(threadpool_limits(cfg.torch_threads, user_api="blas"))
+        limit_cpu_threads(cfg.torch_threads, cleanup)
     seed_everything(cfg.seed)
     envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
     cleanup.callback(close_quietly, envs)

@@ -32,6 +32,7 @@ the last two ``train_freq`` env steps (updates are due per env step summed over 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -42,7 +43,9 @@ import numpy as np
 import torch
 
 from agent.config_files import load_config
+from agent.errors import UserError
 from agent.learner import CapturedUpdate
+from agent.setup import limit_cpu_threads
 from agent.replay.frames import FrameReplayBuffer
 from agent.replay import ReplayBuffer
 from bench.acting import machine
@@ -240,9 +243,20 @@ def main() -> None:
     if args.config is not None:
         try:
             load_config(args.env, args.config)
-        except Exception as e:  # an unknown preset, a YAML that does not parse or validate
+        except UserError as e:  # an unknown preset, a YAML that does not parse or validate
             parser.error(str(e))
-    torch.set_num_threads(1)
+    with contextlib.ExitStack() as cleanup:
+        # One torch thread, and on the CPU training's settings (numpy's BLAS, denormals):
+        # the breakdown times the parts as training runs them.
+        if args.device == "cpu":
+            limit_cpu_threads(1, cleanup)
+        else:
+            torch.set_num_threads(1)
+        measure(args, env_counts)
+
+
+def measure(args: argparse.Namespace, env_counts: list[int]) -> None:
+    """The header, then the SPS runs and the breakdown that ``args`` ask for."""
     on = " on cuda" if args.device == "cuda" else ""  # the CPU header as it always was
     preset = f" --config {args.config}" if args.config else ""
     print(f"# {args.env}{preset}{on}: {machine()}")

@@ -64,6 +64,30 @@ def test_atari_config_that_is_no_preset_is_a_one_line_usage_error():
     assert "no preset of that name" in out.stderr.strip().splitlines()[-1]
 
 
+def test_atari_breakdown_on_cpu_times_under_trainings_thread_limits(monkeypatch):
+    # train() holds numpy's BLAS to its torch threads; a breakdown that does not times a
+    # numpy update with a BLAS thread per core, many times slower beside busy processes.
+    import bench.atari as bench_atari
+    from threadpoolctl import threadpool_info
+
+    seen: list[tuple[int, list[int]]] = []
+
+    def record(*args, **kwargs):
+        blas = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+        seen.append((torch.get_num_threads(), blas))
+
+    monkeypatch.setattr(bench_atari, "breakdown", record)
+    monkeypatch.setattr(sys, "argv", ["atari.py", "--no-sps", "--breakdown", "--envs", "1"])
+    threads = torch.get_num_threads()
+    try:
+        bench_atari.main()
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) == 1
+    torch_threads, blas = seen[0]
+    assert torch_threads == 1 and blas and set(blas) == {1}
+
+
 def test_graph_checks_pass_on_an_eager_stand_in(monkeypatch, capsys):
     # The checks' own logic (the twin learner copied from the graph's, Adam state
     # included, reseeded) on the CPU: an eager stand-in must match the twin exactly,
