@@ -23,6 +23,7 @@ torch thread, as training uses on CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import statistics
 import sys
@@ -37,7 +38,7 @@ from torch import nn
 from agent.acting import ActionSelector
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise
-from agent.setup import cpu_name
+from agent.setup import cpu_name, limit_cpu_threads
 
 __all__ = ["machine", "make_obs", "time_calls"]
 
@@ -186,7 +187,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats")
     args = parser.parse_args()
-    torch.set_num_threads(1)  # as in training on CPU
+    with contextlib.ExitStack() as cleanup:
+        limit_cpu_threads(1, cleanup)  # as training on a CPU (the CUDA rows: one thread too)
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Time every selector backend on every device, and print the table."""
     calls, repeats, warmup = (300, 3, 50) if args.quick else (3000, 7, 300)
 
     devices = [torch.device("cpu")]

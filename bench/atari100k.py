@@ -150,16 +150,14 @@ def core_gflops(size: int = 2048, repeats: int = 5) -> float:
 def update_ms(n_actions: int, updates: int = 200) -> float:
     """The median wall time of one DER update of ours (batch 32 of random frames, the
     numpy learner), one thread."""
+    import contextlib
     import copy
-
-    from threadpoolctl import threadpool_limits
 
     from agent.learner import Learner
     from agent.networks import QNetwork
     from agent.replay import Batch
+    from agent.setup import limit_cpu_threads
 
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
     torch.manual_seed(0)
     net = QNetwork((4, 84, 84), n_actions, (256,), torso="der", dueling=True,
                    noisy_layers="all", sigma0=0.1, num_atoms=51, input_scale=255.0)  # fmt: skip
@@ -173,7 +171,8 @@ def update_ms(n_actions: int, updates: int = 200) -> float:
                   frames(), torch.zeros(32), torch.full((32,), 0.99**20), torch.arange(32),
                   torch.rand(32) + 0.5)  # fmt: skip
     times = []
-    with threadpool_limits(1, user_api="blas"):
+    with contextlib.ExitStack() as cleanup:
+        limit_cpu_threads(1, cleanup)  # as training on a CPU
         for i in range(updates + 10):
             start = time.perf_counter()
             learner.update(batch)
