@@ -303,11 +303,14 @@ def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> i
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    import signal
+
     import torch
 
     from agent import streams
     from agent.acting import ActionSelector
-    from agent.evaluate import format_return, json_ready, run_episodes
+    from agent.evaluate import EvaluationStopped, format_return, json_ready, run_episodes
+    from agent.signals import StopSignals
     from envs import make_env
 
     if args.episodes < 1:
@@ -328,9 +331,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     selector = ActionSelector(
         q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
     )
-    result = run_episodes(selector, envs, args.episodes, seed=seed, stream=streams.CLI_EVAL)
-    for env in envs:
-        env.close()  # with --video, writes the last video
+    stop = StopSignals()  # Ctrl-C or SIGTERM ends the episodes at the next step
+    try:
+        with stop:
+            result = run_episodes(selector, envs, args.episodes, seed=seed,
+                                  stream=streams.CLI_EVAL, stop=lambda: stop.received is not None)
+    except EvaluationStopped as e:
+        assert stop.received is not None
+        print(f"interrupted ({signal.Signals(stop.received).name}) after {e.played} of "
+              f"{args.episodes} episodes: no score from part of them (fewer --episodes "
+              "take less time)", file=sys.stderr)  # fmt: skip
+        return 128 + stop.received
+    finally:
+        for env in envs:
+            env.close()  # with --video, writes the last video
     print(
         f"{env_id}: mean return {format_return(result.mean)} +/- {format_return(result.std)} "
         f"over {args.episodes} "

@@ -32,7 +32,11 @@ _EPSILON_KEY = 7
 
 class EvaluationStopped(Exception):
     """:func:`run_episodes` was asked to stop (its ``stop`` returned True) before the
-    episodes were played."""
+    episodes were played; ``played``: the episodes it had played to their end."""
+
+    def __init__(self, played: int) -> None:
+        super().__init__(f"stopped after {played} episodes")
+        self.played = played
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ def run_episodes(
     steps = [env.step for env in envs]
     while batch is not None and any(k >= 0 for k in playing):
         if stop is not None and stop():
-            raise EvaluationStopped
+            raise EvaluationStopped(next_episode - sum(k >= 0 for k in playing))
         actions = policy(batch)
         for i, k in enumerate(playing):
             if k < 0:

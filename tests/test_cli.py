@@ -210,6 +210,37 @@ def test_eval_finds_the_env_in_the_checkpoint_and_writes_clean_json(
     assert format_return(report["mean_return"]) in out[0]
 
 
+def test_ctrl_c_during_eval_ends_it_in_one_line_with_the_signals_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    import agent.evaluate
+
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 600, early_stop="false") == 0
+    capsys.readouterr()
+    real, calls = agent.evaluate.run_episodes, []
+
+    def interrupted(policy, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def acting(obs):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            if len(calls) == 12:  # Ctrl-C: one SIGINT to this process, mid-episodes
+                os.kill(os.getpid(), signal.SIGINT)
+            return policy(obs)
+
+        return real(acting, *args, **kwargs)
+
+    monkeypatch.setattr(agent.evaluate, "run_episodes", interrupted)
+    last = run_dir / "checkpoints" / "last.pt"
+    code = cli.main(["--eval", str(last), "--episodes", "100000", "--device", "cpu"])
+    assert code == 130 and len(calls) == 12  # not one step after the signal
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    # 10 copies of 5-step episodes: after 12 steps, two rounds of 10 have ended
+    assert err.startswith("interrupted (SIGINT) after 20 of 100000 episodes")
+
+
 @pytest.mark.parametrize(
     ("x", "text"),
     [(0.955, "0.955"), (9.3, "9.30"), (487.25, "487"), (-200.0, "-200"), (1234.5, "1234"),

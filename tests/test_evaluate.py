@@ -47,6 +47,22 @@ def test_every_episode_is_played_to_its_end() -> None:
     assert calls == [3] * 15
 
 
+def test_a_stop_raises_before_the_next_step_with_the_episodes_played() -> None:
+    from agent.evaluate import EvaluationStopped
+
+    calls: list[int] = []
+
+    def policy(batch: np.ndarray) -> np.ndarray:
+        calls.append(len(batch))
+        return np.ones(len(batch), dtype=np.int64)
+
+    envs = [make_env("NoisyDQN/Cue-v0") for _ in range(3)]
+    # 5-step episodes on 3 copies: after 7 steps the first 3 ended, the next 3 are playing.
+    with pytest.raises(EvaluationStopped) as info:
+        run_episodes(policy, envs, 8, seed=0, stop=lambda: len(calls) >= 7)
+    assert len(calls) == 7 and info.value.played == 3
+
+
 @pytest.mark.parametrize("copies", [1, 3, 10])
 def test_eval_epsilon_draws_per_episode_so_a_score_does_not_depend_on_the_copies(
     copies: int,
