@@ -21,7 +21,7 @@ from agent.learner import NonFiniteError
 from agent.seeds.group import GROUP_KEY, train_group
 from agent.train import TrainResult
 from test_train import SHORT as TRAIN_SHORT
-from test_train import _interrupt_at
+from test_train import _interrupt_at, _interrupt_final_evaluation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -297,4 +297,23 @@ def test_a_group_resumed_at_its_budget_takes_no_further_step(tmp_path: Path) -> 
     again = _group(tmp_path, [1, 2], saved)
 
     assert [r.global_step for r in again] == [SHORT["total_steps"]] * 2
+    assert [r.updates for r in again] == [r.updates for r in first]
+
+
+def test_ctrl_c_in_the_final_evaluation_interrupts_the_group_and_its_resume_plays_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _group(tmp_path / "a", [1, 2])
+    calls = _interrupt_final_evaluation(monkeypatch, 5)
+    stopped = _group(tmp_path / "b", [1, 2])
+    monkeypatch.undo()
+    # The first seed's evaluation heard it at the next step; the second's did not start.
+    assert len(calls) == 5
+    assert [r.status for r in stopped] == ["interrupted"] * 2
+    assert [r.final_eval_return for r in stopped] == [None, None]
+    saved = [load_checkpoint(tmp_path / "b" / f"seed_{s}" / "checkpoints" / "last.pt")
+             for s in (1, 2)]  # fmt: skip
+    again = _group(tmp_path / "b", [1, 2], saved)
+    assert [r.status for r in again] == ["finished"] * 2
+    assert [r.final_eval_return for r in again] == [r.final_eval_return for r in first]
     assert [r.updates for r in again] == [r.updates for r in first]

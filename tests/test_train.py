@@ -762,36 +762,43 @@ def test_ctrl_c_and_resume_give_the_uninterrupted_run_by_default(
     assert _returns(tmp_path / "a") == _returns(tmp_path / "b")
 
 
+def _interrupt_final_evaluation(monkeypatch: pytest.MonkeyPatch, step: int) -> list[int]:
+    """Ctrl-C (one SIGINT to this process) at the ``step``-th step of the final evaluation
+    (the first seed's, in a group); returns the list that counts those steps."""
+    from agent.evaluate import Evaluator
+
+    final, calls = Evaluator.final, []
+
+    def interrupted_final(self, at, stop=None):  # type: ignore[no-untyped-def]
+        policy = self.policy
+
+        def acting(obs):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            if len(calls) == step:
+                os.kill(os.getpid(), signal.SIGINT)
+            return policy(obs)
+
+        self.policy = acting
+        try:
+            return final(self, at, stop)
+        finally:
+            self.policy = policy
+
+    monkeypatch.setattr(Evaluator, "final", interrupted_final)
+    return calls
+
+
 def test_ctrl_c_in_the_final_evaluation_stops_it_and_the_resume_plays_it_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The final evaluation (100 Atari episodes: minutes) hears Ctrl-C: it ends at the next
     step, the run is interrupted at its last step, and the resume plays that evaluation
     alone, as the run that never stopped played it."""
-    from agent.evaluate import Evaluator
-
     cfg = load_config("CartPole-v1", overrides={**SHORT, "total_steps": 1_200,
                                                 "final_episodes": 20})  # fmt: skip
     straight = train(cfg, tmp_path / "a", progress=False, echo=lambda _: None)
 
-    final, calls = Evaluator.final, []
-
-    def interrupted_final(self, step, stop=None):  # type: ignore[no-untyped-def]
-        policy = self.policy
-
-        def acting(obs):  # type: ignore[no-untyped-def]
-            calls.append(1)
-            if len(calls) == 5:  # Ctrl-C: one SIGINT to this process, mid-evaluation
-                os.kill(os.getpid(), signal.SIGINT)
-            return policy(obs)
-
-        self.policy = acting
-        try:
-            return final(self, step, stop)
-        finally:
-            self.policy = policy
-
-    monkeypatch.setattr(Evaluator, "final", interrupted_final)
+    calls = _interrupt_final_evaluation(monkeypatch, 5)
     stopped = train(cfg, tmp_path / "b", progress=False, echo=lambda _: None)
     monkeypatch.undo()
     assert len(calls) == 5  # not one step of the evaluation after the signal
