@@ -129,8 +129,9 @@ class Config:
     """Where replay lives when training on CUDA: ``device`` (GPU memory: sampling needs no
     copy), ``pinned`` (host memory, batches copied over through pinned staging), or
     ``auto``: the GPU when the buffer fits in a quarter of its free memory, else pinned
-    host memory. Frame replay (Atari) stays on the host (``device`` with it is refused). On
-    a CPU, the host."""
+    host memory. Frame replay (Atari) keeps its frames on the host under ``auto``;
+    ``device`` puts them in GPU memory too (the indices stay on the host). On a CPU, the
+    host."""
     prioritized_replay: bool = False
     """Proportional prioritized replay (Schaul et al. 2016): sample transitions in
     proportion to (|TD error| + priority_eps)^priority_alpha (the cross entropy, with a

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
@@ -490,3 +491,47 @@ def test_frame_replay_pinned_path_matches_cpu() -> None:
         b = gpu.sample(32, torch.Generator().manual_seed(seed))
         assert all(t.device.type == "cuda" for t in b.learned)
         assert same(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alpha", [None, 0.5], ids=["uniform", "prioritized"])
+def test_frames_on_the_gpu_give_the_host_buffers_batches(alpha: float | None) -> None:
+    shape = (4, 8, 8)
+    kwargs = dict(n_step=3, num_envs=2, alpha=alpha)
+    cpu = FrameReplayBuffer(400, shape, np.uint8, device="cpu", **kwargs)
+    gpu = FrameReplayBuffer(400, shape, np.uint8, device="cuda", storage_device="cuda", **kwargs)
+    assert not gpu.pinned
+    drive([cpu, gpu], 2, 300)
+    for seed in range(3):
+        a = cpu.sample(32, torch.Generator().manual_seed(seed), beta=0.4)
+        b = gpu.sample(32, torch.Generator().manual_seed(seed), beta=0.4)
+        assert all(t.device.type == "cuda" for t in b.learned)
+        assert b.indices.device.type == "cpu"  # drawn on the host
+        assert same(a, b)
+        errors = torch.rand(32, generator=torch.Generator().manual_seed(seed))
+        cpu.update_priorities(a.indices, errors)
+        gpu.update_priorities(b.indices, errors.cuda())
+    # Saved from the GPU, the frames load into a host buffer, which goes on the same way.
+    blob = io.BytesIO()
+    torch.save(gpu.state_dict(), blob)
+    blob.seek(0)
+    back = FrameReplayBuffer(400, shape, np.uint8, device="cpu", **kwargs)
+    back.load_state_dict(torch.load(blob, map_location="cpu", weights_only=True))
+    drive([cpu, back, gpu], 2, 50, seed=3)
+    assert transitions(all_of(cpu)) == transitions(all_of(back))
+    assert same(all_of(cpu), all_of(gpu))
+
+
+@pytest.mark.gpu
+def test_frames_on_the_gpu_train_and_say_where_they_are(tmp_path: Path) -> None:
+    base = {**IMAGE_RUN, "device": "cuda", "replay_storage": "device", "clip_rewards": True,
+            "terminal_on_life_loss": True}  # fmt: skip
+    cfg = load_config("envs.testing:NoisyDQN/Frames-v0", overrides=base)
+    notes: list[str] = []
+    result = train(cfg, tmp_path / "run", progress=False, echo=notes.append)
+    assert result.status == "finished" and result.updates > 0
+    assert any("GPU memory" in note for note in notes), notes
+    ran = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert ran["replay_storage"] == "device"
+    saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["replay"]
+    assert saved["frames"].device.type == "cpu" and int(saved["valid"].sum()) > 0

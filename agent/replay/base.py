@@ -362,19 +362,14 @@ def choose_storage(
 ) -> torch.device:
     """Where a replay buffer is stored (``replay_storage``): the host, or ``device``.
 
-    ``frames``: frame replay, which keeps its frames on the host (``device`` asked for
-    with it on CUDA is a ``ValueError``, not a silent move). ``free_bytes``: the device's
-    free memory (None off CUDA). ``auto`` takes the device when the buffer needs at most
-    a quarter of it: the networks, activations and the caching allocator need the rest.
+    ``free_bytes``: the device's free memory (None off CUDA). ``auto`` takes the device
+    when the buffer needs at most a quarter of it: the networks, activations and the
+    caching allocator need the rest. ``frames``: frame replay, whose frames go to the
+    device only when ``device`` is asked for (``auto`` keeps them on the host, with
+    pinned staging: the GPU path of frames is not yet measured against it).
     """
     host = torch.device("cpu")
-    if frames and asked == "device" and device.type == "cuda":
-        raise ValueError(
-            "replay_storage device: frame replay keeps its frames in host memory (pinned for "
-            "the GPU); --set replay_storage=auto, or --set frame_replay=false to keep whole "
-            "observations on the GPU"
-        )
-    if device.type != "cuda" or frames or asked == "pinned":
+    if device.type != "cuda" or asked == "pinned" or (frames and asked == "auto"):
         return host
     if asked == "device" or (free_bytes is not None and 4 * bytes_needed <= free_bytes):
         return device

@@ -7,7 +7,8 @@ the paper's 1M transitions. :class:`FrameReplayBuffer` stores each frame once
 (~7 KB per transition, ~7.1 GB for 1M) and rebuilds both stacks from frame indices
 when a batch is sampled. Same interface as :class:`ReplayBuffer`: ``add`` / ``sample``
 / ``__len__`` / ``state_dict`` / ``load_state_dict``, :class:`~agent.replay.base.Batch`,
-n-step returns, ``num_envs``, and pinned staging slots for a CUDA learner.
+n-step returns, ``num_envs``, and for a CUDA learner either pinned staging slots (the
+frames on the host) or the frames themselves in GPU memory (``storage_device``).
 
 Layout. Each sub-environment ``e`` owns a ring of ``S = ceil(capacity / num_envs)``
 frame slots; frames are written in order and numbered by a per-env counter (slot =
@@ -102,7 +103,10 @@ class FrameReplayBuffer:
         obs_shape: ``(C, H, W)``: C stacked frames of H x W.
         obs_dtype: the integer dtype of the observations (uint8 for Atari).
         device: where sampled batches are returned (the learner's device).
-        storage_device: ``"cpu"`` only (a CUDA ``device`` gets pinned staging).
+        storage_device: where the frames live: ``"cpu"`` (a CUDA ``device`` then gets
+            pinned staging), or ``device`` itself (a GPU: each frame is copied over as it
+            is stored, and a batch's frames are gathered there). Indices, scalars and
+            priorities stay on the host either way.
         n_step, gamma, num_envs, float_dtype, alpha, priority_eps: as for
             :class:`~agent.replay.flat.ReplayBuffer` (priorities are kept per slot).
     """
@@ -132,10 +136,11 @@ class FrameReplayBuffer:
             )
         self.device = normalize_device(device)
         self.storage_device = normalize_device(storage_device)
-        if self.storage_device.type != "cpu":
+        host = torch.device("cpu")
+        if self.storage_device not in (host, self.device):
             raise ValueError(
-                f"FrameReplayBuffer keeps its frames on the CPU (storage_device='cpu'), got "
-                f"{self.storage_device}"
+                f"FrameReplayBuffer keeps its frames on the host or on the learner's device "
+                f"({self.device}), got storage_device {self.storage_device}"
             )
         c, h, w = obs_shape
         slots = _frame_slots(capacity, c, n_step, num_envs)
@@ -153,7 +158,7 @@ class FrameReplayBuffer:
         total = num_envs * slots
         # Frames, and per slot the transition whose obs ends at that slot's frame.
         # torch.empty: pages are only committed as the ring fills.
-        self._frames = torch.empty((total, h, w), dtype=self.obs_dtype)
+        self._frames = torch.empty((total, h, w), dtype=self.obs_dtype, device=self.storage_device)
         self._obs_idx = torch.zeros((total, c), dtype=torch.int64)  # flat frame indices
         self._next_idx = torch.zeros((total, c), dtype=torch.int64)
         self._actions = torch.zeros(total, dtype=torch.int64)
@@ -171,8 +176,8 @@ class FrameReplayBuffer:
             "discounts": self._discounts,
             "valid": self._valid_t,
         }
-        # numpy views for host-side writes
-        self._frames_np = self._frames.numpy()
+        # numpy views for host-side writes (frames on a GPU are copied there one by one)
+        self._frames_np = self._frames.numpy() if self.storage_device == host else None
         self._obs_idx_np = self._obs_idx.numpy()
         self._next_idx_np = self._next_idx.numpy()
         self._actions_np = self._actions.numpy()
@@ -195,9 +200,10 @@ class FrameReplayBuffer:
         # n-step windows of stack indices, emitting finished transitions here.
         self._windows = NStepWindows(num_envs, n_step, self.gamma, (c,), np.int64, self._emit)
 
-        # Sampling: pinned staging only for a CUDA learner.
-        self._pinned = is_cuda(self.device)
-        self._moves = not self._pinned and self.device != self.storage_device
+        # Sampling: pinned staging for a CUDA learner of host frames; otherwise what the
+        # host gathers (scalars, and host frames) moves to a learner elsewhere.
+        self._pinned = is_cuda(self.device) and self._frames_np is not None
+        self._moves = not self._pinned and self.device != host
         self.transfer = PinnedTransfer(self.device) if self._pinned else None
         """Sampled batches' way to the GPU (None for a learner on the host)."""
 
@@ -291,7 +297,10 @@ class FrameReplayBuffer:
                 self._valid[base + slot] = False
                 self._size -= 1
                 self._dropped.append(base + slot)
-        self._frames_np[base + w % s] = frame
+        if self._frames_np is not None:
+            self._frames_np[base + w % s] = frame
+        else:
+            self._frames[base + w % s].copy_(torch.as_tensor(frame))
         self._count[e] = w + 1
         return w
 
@@ -399,6 +408,9 @@ class FrameReplayBuffer:
         next_frames = self._next_idx.index_select(0, idx).view(-1)
         if self._pinned:
             return self._gather_pinned(idx, obs_frames, next_frames, weights)
+        # Frames on a GPU: their indices go there, the frames never leave it.
+        obs_frames = obs_frames.to(self.storage_device)
+        next_frames = next_frames.to(self.storage_device)
         batch = Batch(
             self._frames.index_select(0, obs_frames).view(b, c, h, w),
             self._actions.index_select(0, idx),
