@@ -9,6 +9,7 @@
     python -m bench.atari --breakdown --no-sps   # the breakdown alone (seconds)
     python -m bench.atari --env KrullNoFrameskip-v4 --config der --envs 1 --breakdown
                                            # a preset's runs and breakdown (run.py --config)
+    python -m bench.atari --device cuda --set replay_storage=device   # and config values
 
 Needs the atari extra (``pip install -e ".[atari]"``). SPS is measured as in
 ``bench/vector.py``: short ``train`` runs with the ``configs/atari.yaml`` settings
@@ -42,7 +43,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from agent.config_files import load_config
+from agent.config_files import load_config, parse_set
 from agent.errors import UserError
 from agent.learner import CapturedUpdate
 from agent.setup import limit_cpu_threads
@@ -93,7 +94,12 @@ class Clock:
 
 
 def breakdown(
-    env_id: str, num_envs: int, device: str, quick: bool, config: str | None = None
+    env_id: str,
+    num_envs: int,
+    device: str,
+    quick: bool,
+    config: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """Print where the time of one env step goes, part by part (see the module docstring)."""
     # Imported here: the SPS runs do not need them, and an env problem then fails this only.
@@ -105,8 +111,9 @@ def breakdown(
     # the index arrays of a 1M buffer are allocated whole (and a sample's cost does not
     # depend on the capacity, only on what is stored).
     cfg = load_config(env_id, config, overrides={
-        "device": device, "num_envs": num_envs, "buffer_size": 50_000, "torch_threads": 1,
-    })
+        "buffer_size": 50_000, **(extra or {}),
+        "device": device, "num_envs": num_envs, "torch_threads": 1,
+    })  # fmt: skip
     spec = inspect_env(env_id, cfg.env_kwargs, cfg.wrappers)
     dev = resolve_device(cfg.device)
     agent = build_agent(cfg, spec, dev, eval_envs=1)
@@ -185,7 +192,8 @@ def breakdown(
 
 
 def sps_runs(env_id: str, env_counts: list[int], use_async: bool, device: str,
-             quick: bool, config: str | None = None) -> None:
+             quick: bool, config: str | None = None,
+             extra: dict[str, Any] | None = None) -> None:
     """The memory table, then the acting and learning SPS of one short run per num_envs."""
     memory_table()
     print()
@@ -201,6 +209,7 @@ def sps_runs(env_id: str, env_counts: list[int], use_async: bool, device: str,
         overrides: dict[str, Any] = {
             "buffer_size": 20_000,
             "target_update_interval": 32_000,
+            **(extra or {}),
             "device": device,  # measure_sps pins "cpu"; overrides are applied after it
         }
         try:
@@ -228,6 +237,8 @@ def main() -> None:
                         help="where the networks and the learner live (default cpu)")
     parser.add_argument("--envs", default="1,8", help="comma-separated num_envs values")
     parser.add_argument("--config", help="a preset (der, rainbow) or a YAML, as run.py --config")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config value, as run.py --set (e.g. replay_storage=device)")
     parser.add_argument("--breakdown", action="store_true",
                         help="after the training runs, time the parts of a training step")
     parser.add_argument("--no-sps", action="store_true",
@@ -240,11 +251,11 @@ def main() -> None:
         env_counts = parse_envs(args.envs)
     except ValueError:
         parser.error(f"--envs {args.envs!r}: give positive integers separated by commas, e.g. 1,8")
-    if args.config is not None:
-        try:
-            load_config(args.env, args.config)
-        except UserError as e:  # an unknown preset, a YAML that does not parse or validate
-            parser.error(str(e))
+    try:
+        args.extra = parse_set(args.set)
+        load_config(args.env, args.config, args.extra)
+    except UserError as e:  # an unknown preset or key, a value that does not validate
+        parser.error(str(e))
     with contextlib.ExitStack() as cleanup:
         # One torch thread, and on the CPU training's settings (numpy's BLAS, denormals):
         # the breakdown times the parts as training runs them.
@@ -259,13 +270,15 @@ def measure(args: argparse.Namespace, env_counts: list[int]) -> None:
     """The header, then the SPS runs and the breakdown that ``args`` ask for."""
     on = " on cuda" if args.device == "cuda" else ""  # the CPU header as it always was
     preset = f" --config {args.config}" if args.config else ""
+    preset += "".join(f" --set {item}" for item in args.set)
     print(f"# {args.env}{preset}{on}: {machine()}")
     if not args.no_sps:
-        sps_runs(args.env, env_counts, args.use_async, args.device, args.quick, args.config)
+        sps_runs(args.env, env_counts, args.use_async, args.device, args.quick, args.config,
+                 args.extra)
     if args.breakdown:
         for n in env_counts:
             try:
-                breakdown(args.env, n, args.device, args.quick, args.config)
+                breakdown(args.env, n, args.device, args.quick, args.config, args.extra)
             except Exception as e:  # one failing size says why; the others still run
                 print(f"breakdown for num_envs={n} failed: {type(e).__name__}: {e}", flush=True)
 

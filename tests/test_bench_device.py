@@ -57,11 +57,19 @@ def test_atari_breakdown_quick_on_cpu_prints_every_part():
         assert part in out.stdout, out.stdout
 
 
-def test_atari_config_that_is_no_preset_is_a_one_line_usage_error():
-    out = bench("atari", "--config", "nope", "--no-sps", "--breakdown", "--envs", "1")
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--config", "nope"], "no preset of that name"),
+        (["--set", "nope=1"], "unknown config key 'nope'"),
+        (["--set", "replay_storage=bad"], "must be 'auto' | 'device' | 'pinned'"),
+    ],
+)
+def test_atari_config_or_set_that_does_not_validate_is_a_one_line_usage_error(args, says):
+    out = bench("atari", *args, "--no-sps", "--breakdown", "--envs", "1")
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
-    assert "no preset of that name" in out.stderr.strip().splitlines()[-1]
+    assert says in out.stderr.strip().splitlines()[-1]
 
 
 def test_atari_breakdown_on_cpu_times_under_trainings_thread_limits(monkeypatch):
@@ -153,4 +161,15 @@ def test_atari_breakdown_of_the_der_preset_on_cuda():
     assert out.returncode == 0, out.stderr
     assert "failed" not in out.stdout, out.stdout
     assert "train_freq 1" in out.stdout  # DER's update every step, not atari.yaml's 4
+    assert "(d) update, batch 32, a CUDA graph" in out.stdout, out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_ALE, reason="needs ale_py (the atari extra)")
+def test_atari_breakdown_with_frames_on_the_gpu():
+    out = bench("atari", "--breakdown", "--no-sps", "--quick", "--envs", "1", "--device", "cuda",
+                "--set", "replay_storage=device")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "failed" not in out.stdout, out.stdout
+    assert "--set replay_storage=device" in out.stdout  # the header says what ran
     assert "(d) update, batch 32, a CUDA graph" in out.stdout, out.stdout
