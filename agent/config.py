@@ -218,6 +218,11 @@ class Config:
     eval_envs: int = 10
     """Environment copies that play evaluation episodes at once, one batched action per
     step (at most the episodes of a round)."""
+    eval_vector: Literal["sync", "async"] = "sync"
+    """How the evaluation copies step: ``sync``, one after another in this process;
+    ``async``, each in a worker process of its own, all at once (on several cores, the
+    final 100 Atari episodes in a fraction of the time; the same scores). Not with
+    ``--seeds``, whose every seed would start its own workers."""
     confirm_z: float = 1.645
     """The confirming mean minus confirm_z standard errors must reach target_return: 1.645
     is a one-sided 95% confidence that the policy, not the luck of its episodes, is at the

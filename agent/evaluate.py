@@ -66,7 +66,7 @@ class EvalResult:
 
 def run_episodes(
     policy: Callable[[np.ndarray], np.ndarray],
-    envs: Sequence[gym.Env],
+    envs: Sequence[gym.Env] | gym.vector.VectorEnv,
     episodes: int,
     *,
     seed: int,
@@ -76,13 +76,18 @@ def run_episodes(
     n_actions: int | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> EvalResult:
-    """Play ``episodes`` full episodes with ``policy`` on ``len(envs)`` copies at once.
+    """Play ``episodes`` full episodes with ``policy`` on the copies ``envs`` at once.
 
-    ``policy`` maps a batch ``(len(envs), *obs_shape)`` to actions; one call
-    serves every copy, which makes evaluation several times cheaper than one
-    env at a time (the per-call cost of acting is paid once per batch). A copy
-    whose episodes are done keeps feeding its last observation; its actions are
-    ignored.
+    ``policy`` maps a batch ``(copies, *obs_shape)`` to actions; one call serves every
+    copy, which makes evaluation several times cheaper than one env at a time (the
+    per-call cost of acting is paid once per batch). A copy whose episodes are done
+    keeps feeding its last observation; its actions are ignored.
+
+    ``envs``: a list of envs, stepped one after another in this process, or a vector
+    env (autoreset disabled, ``envs.make_vector_env``) whose copies step at once, each
+    in its own worker process when it is async; the scores are the same. A vector's
+    copy with no episode left plays a throwaway one, so that no copy is stepped past
+    its end.
 
     Episode ``k`` of evaluation round ``round_index`` is reset with its own seed,
     whichever copy plays it, so a deterministic policy scores the same for any
@@ -99,50 +104,132 @@ def run_episodes(
     """
     if epsilon > 0 and not n_actions:
         raise ValueError("run_episodes with epsilon > 0 needs n_actions")
-    returns = [0.0] * episodes  # Python floats: per-step numpy scalar updates cost more
-    lengths = [0] * episodes
-    playing = [-1] * len(envs)  # episode index each copy plays, -1 when idle
-    rngs: list[np.random.Generator | None] = [None] * len(envs)  # epsilon's, per episode
-    next_episode = 0
-    batch: np.ndarray | None = None
+    vector = isinstance(envs, gym.vector.VectorEnv)
+    r = _Round(envs.num_envs if vector else len(envs), episodes, seed, round_index, stream,
+               epsilon, n_actions)  # fmt: skip
+    if vector:
+        return _play_vector(envs, policy, r, stop)
 
     def start(i: int) -> None:
-        nonlocal next_episode, batch
-        if next_episode >= episodes:
-            playing[i] = -1
-            return
-        if epsilon > 0:
-            rngs[i] = np.random.default_rng([seed, stream, round_index, next_episode, _EPSILON_KEY])
-        obs, _ = envs[i].reset(seed=episode_seed(seed, round_index, next_episode, stream=stream))
-        if batch is None:
-            batch = np.zeros((len(envs), *np.shape(obs)), dtype=np.asarray(obs).dtype)
-        batch[i] = obs
-        playing[i] = next_episode
-        next_episode += 1
+        episode = r.assign(i)
+        if episode is not None:
+            r.put(i, envs[i].reset(seed=episode)[0])
 
-    for i in range(len(envs)):
+    for i in range(r.copies):
         start(i)
+    playing, returns, lengths = r.playing, r.returns, r.lengths
     steps = [env.step for env in envs]
-    while batch is not None and any(k >= 0 for k in playing):
+    while r.batch is not None and any(k >= 0 for k in playing):
         if stop is not None and stop():
-            raise EvaluationStopped(next_episode - sum(k >= 0 for k in playing))
-        actions = policy(batch)
+            raise EvaluationStopped(r.played)
+        actions = policy(r.batch)
         for i, k in enumerate(playing):
             if k < 0:
                 continue
-            action = actions[i]
-            rng = rngs[i]
-            if rng is not None and rng.random() < epsilon:
-                action = rng.integers(n_actions)
             # The action as the env's own space samples it (np.int64): the cheapest check.
-            obs, reward, terminated, truncated, _ = steps[i](action)
-            batch[i] = obs
+            obs, reward, terminated, truncated, _ = steps[i](r.act(i, actions[i]))
+            r.batch[i] = obs
             returns[k] += float(reward)
             lengths[k] += 1
             if terminated or truncated:
                 start(i)
-    return EvalResult(np.array(returns, dtype=np.float64), np.array(lengths, dtype=np.int64))
+    return r.result()
 
+
+def _play_vector(
+    envs: gym.vector.VectorEnv,
+    policy: Callable[[np.ndarray], np.ndarray],
+    r: _Round,
+    stop: Callable[[], bool] | None,
+) -> EvalResult:
+    """:func:`run_episodes` on a vector env: every copy steps at once, and the copies whose
+    episodes ended reset together (to their next episodes, or to throwaway ones)."""
+
+    def reset(ended: list[int]) -> None:
+        seeds: list[int | None] = [None] * r.copies
+        for i in ended:  # in copy order, as the list loop hands the episodes out
+            episode = r.assign(i)
+            seeds[i] = r.throwaway_seed(i) if episode is None else episode
+        mask = np.zeros(r.copies, dtype=bool)
+        mask[ended] = True
+        obs, _ = envs.reset(seed=seeds, options={"reset_mask": mask})
+        for i in ended:
+            r.put(i, obs[i])
+
+    reset(list(range(r.copies)))
+    while any(k >= 0 for k in r.playing):
+        if stop is not None and stop():
+            raise EvaluationStopped(r.played)
+        proposed = policy(r.batch)
+        pairs = enumerate(zip(r.playing, proposed, strict=True))
+        actions = np.array([r.act(i, a) if k >= 0 else a for i, (k, a) in pairs])
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
+        ended = []
+        for i, k in enumerate(r.playing):
+            if terminated[i] or truncated[i]:
+                ended.append(i)
+            if k >= 0:
+                r.batch[i] = obs[i]
+                r.returns[k] += float(rewards[i])
+                r.lengths[k] += 1
+        if ended:
+            reset(ended)
+    return r.result()
+
+
+class _Round:
+    """One :func:`run_episodes` call's bookkeeping: which copy plays which episode, the
+    episodes' returns and lengths, their epsilon generators, the batch of observations."""
+
+    def __init__(self, copies: int, episodes: int, seed: int, round_index: int, stream: int,
+                 epsilon: float, n_actions: int | None) -> None:  # fmt: skip
+        self.copies, self.episodes, self.seed = copies, episodes, seed
+        self.round_index, self.stream = round_index, stream
+        self.epsilon, self.n_actions = epsilon, n_actions
+        self.returns = [0.0] * episodes  # Python floats: per-step numpy updates cost more
+        self.lengths = [0] * episodes
+        self.playing = [-1] * copies  # the episode each copy plays, -1 when idle
+        self.rngs: list[np.random.Generator | None] = [None] * copies  # epsilon's
+        self.next_episode = 0
+        self.batch: np.ndarray | None = None
+
+    def assign(self, i: int) -> int | None:
+        """Copy i's next episode (its reset seed), or None when none is left."""
+        k = self.next_episode
+        if k >= self.episodes:
+            self.playing[i] = -1
+            return None
+        if self.epsilon > 0:
+            key = [self.seed, self.stream, self.round_index, k, _EPSILON_KEY]
+            self.rngs[i] = np.random.default_rng(key)
+        self.playing[i] = k
+        self.next_episode = k + 1
+        return episode_seed(self.seed, self.round_index, k, stream=self.stream)
+
+    def throwaway_seed(self, i: int) -> int:
+        """A reset seed for copy i past the round's episodes (a vector's idle copy)."""
+        return episode_seed(self.seed, self.round_index, self.episodes + i, stream=self.stream)
+
+    def put(self, i: int, obs: Any) -> None:
+        if self.batch is None:
+            self.batch = np.zeros((self.copies, *np.shape(obs)), dtype=np.asarray(obs).dtype)
+        self.batch[i] = obs
+
+    def act(self, i: int, action: Any) -> Any:
+        """The policy's action, or with probability epsilon a uniform one (copy i's episode's)."""
+        rng = self.rngs[i]
+        if rng is not None and rng.random() < self.epsilon:
+            return rng.integers(self.n_actions)
+        return action
+
+    @property
+    def played(self) -> int:
+        """Episodes played to their end."""
+        return self.next_episode - sum(k >= 0 for k in self.playing)
+
+    def result(self) -> EvalResult:
+        return EvalResult(np.array(self.returns, dtype=np.float64),
+                          np.array(self.lengths, dtype=np.int64))  # fmt: skip
 
 
 class EvalState(Protocol):
@@ -165,7 +252,7 @@ class Evaluator:
     def __init__(
         self,
         policy: Callable[[np.ndarray], np.ndarray],
-        envs: Sequence[gym.Env],
+        envs: Sequence[gym.Env] | gym.vector.VectorEnv,
         state: EvalState,
         *,
         seed: int,

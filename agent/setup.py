@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 import yaml
@@ -284,7 +285,7 @@ class Run:
     ran: dict[str, Any]
     """The config as it ran (``learner_backend`` resolved), for config.yaml and hparams."""
     envs: Any
-    eval_envs: list[Any]
+    eval_envs: list[Any] | gym.vector.VectorEnv
     agent: Agent
     episodes: Episodes
     counters: Counters
@@ -351,14 +352,21 @@ def prepare_run(
     seed_everything(cfg.seed)
     envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
     cleanup.callback(close_quietly, envs)
-    # Evaluation plays up to eval_envs episodes at once on its own env copies.
+    # Evaluation plays up to eval_envs episodes at once on its own env copies: envs of
+    # this process, or one vector env of worker processes (eval_vector async).
     episodes = max(cfg.eval_episodes, cfg.final_episodes or cfg.confirm_episodes)
-    eval_envs = [
-        make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
-        for _ in range(min(cfg.eval_envs, episodes))
-    ]
-    cleanup.callback(close_quietly, *eval_envs)
-    agent = build_agent(cfg, spec, device, len(eval_envs))
+    copies = min(cfg.eval_envs, episodes)
+    eval_envs: list[gym.Env] | gym.vector.VectorEnv
+    if cfg.eval_vector == "async":
+        eval_envs = make_vector_env(cfg.env_id, copies, "async", cfg.env_kwargs, cfg.wrappers)
+        cleanup.callback(close_quietly, eval_envs)
+    else:
+        eval_envs = [
+            make_env(cfg.env_id, env_kwargs=cfg.env_kwargs, wrappers=cfg.wrappers)
+            for _ in range(copies)
+        ]
+        cleanup.callback(close_quietly, *eval_envs)
+    agent = build_agent(cfg, spec, device, copies)
     ran = cfg.to_dict() | {"learner_backend": agent.learner.backend}
     if device.type == "cuda":  # where replay_storage auto put the buffer
         ran["replay_storage"] = "device" if agent.replay.storage_device.type == "cuda" else "pinned"

@@ -216,10 +216,12 @@ atari)
     ;;
 der)
     # Data-efficient Rainbow on Krull, seed 1, 100k steps and the 100 final episodes on
-    # cuda, as bench.atari100k speed times it on a CPU core. A command cut off by its limit
-    # saves last.pt (SIGINT); the next one resumes it.
+    # cuda, as bench.atari100k speed times it on a CPU core, the final episodes on the
+    # machine's cores (eval_vector async: the same scores). A command cut off by its limit
+    # saves last.pt (SIGINT, in the final evaluation too); the next one resumes it.
     r=$RUNS/der_krull
-    train der_cuda 540 "$r" --env KrullNoFrameskip-v4 --config der --seed 1
+    train der_cuda 540 "$r" --env KrullNoFrameskip-v4 --config der --seed 1 \
+        --set eval_vector=async
     if ended "$r"; then
         echo "   final $(json "$r/result.json" final_eval_return), $(json "$r/result.json" \
 wall_time_s) s in all, $(json "$r/result.json" final_eval_wall_s) s of final evaluation"

@@ -8,7 +8,7 @@ import torch
 
 import envs.testing  # noqa: F401  (registers the NoisyDQN/ test envs)
 from agent.acting import ActionSelector
-from agent.evaluate import run_episodes
+from agent.evaluate import EvaluationStopped, run_episodes
 from agent.networks import QNetwork
 from envs import make_env
 
@@ -30,6 +30,36 @@ def test_batched_evaluation_equals_one_env_at_a_time(copies: int) -> None:
     np.testing.assert_array_equal(one.lengths, many.lengths)
     # CartPole pays 1 per step: a return is its episode's length.
     np.testing.assert_array_equal(many.returns, many.lengths)
+
+
+@pytest.mark.parametrize("vector", ["sync", "async"])
+def test_a_vector_env_plays_the_same_episodes_as_a_list_of_envs(vector: str) -> None:
+    # More copies than episodes left at the end, epsilon on: the copies that run out of
+    # episodes play throwaway ones, and every episode scores as one env at a time.
+    from envs import make_vector_env
+
+    torch.manual_seed(0)
+    q = QNetwork((4,), 2, (16,))
+    listed = run_episodes(ActionSelector(q, (4,), 1, noise=False), [make_env("CartPole-v1")],
+                          11, seed=3, epsilon=0.2, n_actions=2)  # fmt: skip
+    envs = make_vector_env("CartPole-v1", 4, vector)
+    try:
+        vectored = run_episodes(ActionSelector(q, (4,), 4, noise=False), envs, 11, seed=3,
+                                epsilon=0.2, n_actions=2)  # fmt: skip
+        # A stop ends it at the next step there too, and says how many ended.
+        calls: list[int] = []
+
+        def policy(batch: np.ndarray) -> np.ndarray:
+            calls.append(1)
+            return np.ones(len(batch), dtype=np.int64)
+
+        with pytest.raises(EvaluationStopped) as info:
+            run_episodes(policy, envs, 11, seed=3, stop=lambda: len(calls) >= 3)
+        assert len(calls) == 3 and info.value.played == 0
+    finally:
+        envs.close()
+    np.testing.assert_array_equal(listed.returns, vectored.returns)
+    np.testing.assert_array_equal(listed.lengths, vectored.lengths)
 
 
 def test_every_episode_is_played_to_its_end() -> None:

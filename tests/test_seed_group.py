@@ -174,6 +174,9 @@ def test_what_cannot_train_together_is_refused_in_one_line(tmp_path: Path) -> No
     frames = load_config("envs.testing:NoisyDQN/Frames-v0", overrides={"device": "cpu"})
     with pytest.raises(UserError, match="images"):
         train_group([frames], [tmp_path / "c"], [None])
+    with pytest.raises(UserError, match="--set eval_vector=sync"):
+        train_group(_configs([1, 2], eval_vector="async"), [tmp_path / "a", tmp_path / "b"],
+                    [None, None], progress=False)  # fmt: skip
     with pytest.raises(UserError, match="train fewer seeds at a time"):
         train_group(_configs([1, 2], buffer_size=10**13), [tmp_path / "a", tmp_path / "b"],
                     [None, None])  # fmt: skip

@@ -762,6 +762,18 @@ def test_ctrl_c_and_resume_give_the_uninterrupted_run_by_default(
     assert _returns(tmp_path / "a") == _returns(tmp_path / "b")
 
 
+def test_evaluation_in_worker_processes_scores_as_in_this_one(tmp_path: Path) -> None:
+    overrides = {**SHORT, "total_steps": 1_200, "eval_interval": 400, "final_episodes": 12,
+                 "eval_envs": 5}  # fmt: skip
+    here = train(load_config("CartPole-v1", overrides=overrides), tmp_path / "sync",
+                 progress=False, echo=lambda _: None)  # fmt: skip
+    workers = train(load_config("CartPole-v1", overrides={**overrides, "eval_vector": "async"}),
+                    tmp_path / "async", progress=False, echo=lambda _: None)  # fmt: skip
+    assert len(here.eval_curve) == 3 and workers.eval_curve == here.eval_curve
+    assert workers.final_eval_return == here.final_eval_return
+    assert _returns(tmp_path / "async") == _returns(tmp_path / "sync")
+
+
 def _interrupt_final_evaluation(monkeypatch: pytest.MonkeyPatch, step: int) -> list[int]:
     """Ctrl-C (one SIGINT to this process) at the ``step``-th step of the final evaluation
     (the first seed's, in a group); returns the list that counts those steps."""

@@ -253,6 +253,11 @@ def train_group(
     called with each result as its seed ends.
     """
     check_groupable(cfgs)
+    if cfgs[0].eval_vector == "async" and len(cfgs) > 1:
+        raise UserError(
+            f"eval_vector async: each of the {len(cfgs)} seeds would start "
+            f"{cfgs[0].eval_envs} evaluation workers of its own: --set eval_vector=sync"
+        )
     spec = inspect_env(cfgs[0].env_id, cfgs[0].env_kwargs, cfgs[0].wrappers)
     if len(spec.obs_shape) != 1:
         raise UserError(
