@@ -199,6 +199,14 @@ def test_frame_replay_state_dict_round_trip() -> None:
         other.load_state_dict(a.state_dict())
 
 
+def test_frame_replay_batches_land_on_the_learners_device_not_a_fixed_one() -> None:
+    # meta: no data, but every op runs; a batch built on a hard-coded device would fail.
+    buf = FrameReplayBuffer(400, (4, 8, 8), np.uint8, device="meta", n_step=2, num_envs=2)
+    drive([buf], 2, 40)
+    assert all(t.device.type == "meta" for t in buf.sample(8).learned)
+    assert buf.sample(8).indices.device.type == "cpu"  # drawn on the host
+
+
 def test_frame_replay_memory_per_transition() -> None:
     shape = (4, 84, 84)
     frames = FrameReplayBuffer(1_000, shape, np.uint8, device="cpu")
@@ -216,6 +224,7 @@ def test_frame_replay_memory_per_transition() -> None:
         ({"obs_shape": (8,)}, r"\(C, H, W\)"),
         ({"obs_shape": (4, 8, 8), "capacity": 10}, "needs at least"),
         ({"obs_shape": (4, 8, 8), "storage_device": "meta"}, "storage_device"),
+        ({"obs_shape": (4, 8, 8), "storage_device": "meta", "device": "meta"}, "CUDA device"),
     ],
 )
 def test_frame_replay_bad_construction(kwargs, match) -> None:

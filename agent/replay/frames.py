@@ -137,10 +137,11 @@ class FrameReplayBuffer:
         self.device = normalize_device(device)
         self.storage_device = normalize_device(storage_device)
         host = torch.device("cpu")
-        if self.storage_device not in (host, self.device):
+        on_gpu = self.storage_device == self.device and is_cuda(self.device)
+        if self.storage_device != host and not on_gpu:
             raise ValueError(
-                f"FrameReplayBuffer keeps its frames on the host or on the learner's device "
-                f"({self.device}), got storage_device {self.storage_device}"
+                f"FrameReplayBuffer keeps its frames on the host or on the learner's CUDA "
+                f"device ({self.device}), got storage_device {self.storage_device}"
             )
         c, h, w = obs_shape
         slots = _frame_slots(capacity, c, n_step, num_envs)
