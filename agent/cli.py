@@ -335,7 +335,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         with stop:
             result = run_episodes(selector, envs, args.episodes, seed=seed,
-                                  stream=streams.CLI_EVAL, stop=lambda: stop.received is not None)
+                                  stream=streams.CLI_EVAL, stop=stop.requested)
     except EvaluationStopped as e:
         assert stop.received is not None
         print(f"interrupted ({signal.Signals(stop.received).name}) after {e.played} of "

@@ -36,8 +36,12 @@ class StopSignals:
                 break
         return self
 
+    def requested(self) -> bool:
+        """True once a stop was asked for (the check a long loop makes every step)."""
+        return self.received is not None
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:
+        if self.requested():
             raise KeyboardInterrupt
         self.received = signum
 

@@ -349,7 +349,7 @@ def train_loop(
         log = crossed(step, n, cfg.log_interval)
         evaluate = bool(cfg.eval_interval) and crossed(step, n, cfg.eval_interval)
         save = crossed(step, n, cfg.checkpoint_interval)
-        last = step >= cfg.total_steps or stop.received is not None
+        last = step >= cfg.total_steps or stop.requested()
         if log or evaluate or save or last:
             learning.write_back()
         if log:  # where the learner's metrics become floats
@@ -371,7 +371,7 @@ def train_loop(
                 member.checkpoints.save_last(member.run.obs)
         # --- the end of the budget, or Ctrl-C / SIGTERM: save and stop ---
         if last:
-            status = "interrupted" if stop.received is not None else "finished"
+            status = "interrupted" if stop.requested() else "finished"
             leaving.update({i: status for i in range(len(members)) if i not in leaving})
 
         # --- members that are done leave; the rest go on ---
@@ -458,7 +458,7 @@ def finish_run(
     monitor.progress(counters.global_step)
     final_eval = None
     if status != "interrupted":
-        final_eval = evaluate.final(counters.global_step, lambda: stop.received is not None)
+        final_eval = evaluate.final(counters.global_step, stop.requested)
         if final_eval is None:
             status = "interrupted"
     if final_eval is not None:

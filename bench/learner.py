@@ -26,6 +26,7 @@ once its kernels are queued, so the clock alone would time the launches only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -33,13 +34,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from threadpoolctl import threadpool_limits
 
 from agent.acting.graph import CaptureFn, CapturedGraph, capture_cuda_graph
 from agent.learner import Learner
 from agent.networks import QNetwork
 from agent.optim import Adam
 from agent.replay import Batch
+from agent.setup import limit_cpu_threads
 from bench.acting import machine, time_calls
 
 LR = 1e-4
@@ -171,9 +172,13 @@ def main() -> int:
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available here (torch.cuda.is_available() is False)")
-    torch.set_num_threads(1)
-    threadpool_limits(1, user_api="blas")
-    torch.set_flush_denormal(True)
+    with contextlib.ExitStack() as cleanup:
+        limit_cpu_threads(1, cleanup)  # as training on a CPU (the CUDA runs: one thread too)
+        return measure(args)
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Time every variant of the update that ``args`` describe, and print the table."""
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.manual_seed(0)
