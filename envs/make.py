@@ -253,7 +253,8 @@ def make_atari(
     """An ALE game with DQN preprocessing: ``(4, 84, 84)`` uint8 stacks, raw rewards, full games.
 
     The ALE env is made with ``frameskip=1`` so that ``AtariPreprocessing`` does the
-    skipping (and the max-pooling over the last two frames); sticky actions
+    skipping (and the max-pooling over the last two frames), and with grayscale
+    observations, which the preprocessing ignores (it reads the screen); sticky actions
     (``repeat_action_probability``) stay as the id defines them unless ``env_kwargs``
     set them.
     """
@@ -265,6 +266,10 @@ def make_atari(
             f"{ATARI_FRAME_SKIP} frames itself; remove it from env_kwargs"
         )
     fixed: dict[str, Any] = {"frameskip": 1}
+    if not (env_kwargs and "obs_type" in env_kwargs):
+        # AtariPreprocessing reads the ALE screen itself; an RGB observation copied out
+        # at every emulator frame would be thrown away.
+        fixed["obs_type"] = "grayscale"
     if render_mode is not None:
         fixed["render_mode"] = render_mode
     env = apply_wrappers(_gym_make(env_id, env_kwargs, **fixed), wrappers)

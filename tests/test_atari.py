@@ -396,6 +396,44 @@ def test_ale_preprocessing() -> None:
     assert transitions(all_of(frames)) == transitions(all_of(full))
 
 
+def test_atari_frames_equal_the_preprocessing_of_rgb_screens() -> None:
+    """The ALE env under the preprocessing observes grayscale screens (cheaper per frame):
+    the stacks, rewards and episode ends are those of gymnasium's reference pipeline on
+    an RGB ALE env, step for step through resets; env_kwargs can still ask for RGB."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    from envs import make_env
+
+    ours = make_env("BreakoutNoFrameskip-v4")
+    reference = FrameStackObservation(
+        AtariPreprocessing(gym.make("BreakoutNoFrameskip-v4", frameskip=1), noop_max=30),
+        4, padding_type="reset")  # fmt: skip
+    assert reference.unwrapped.observation_space.shape == (210, 160, 3)
+    assert ours.unwrapped.observation_space.shape == (210, 160)  # what user wrappers see
+    rng = np.random.default_rng(0)
+    a, _ = ours.reset(seed=3)
+    b, _ = reference.reset(seed=3)
+    episodes = 0
+    for action in rng.integers(4, size=600):
+        assert np.array_equal(a, b)
+        a, ra, ta, ua, _ = ours.step(int(action))
+        b, rb, tb, ub, _ = reference.step(int(action))
+        assert (ra, ta, ua) == (rb, tb, ub)
+        if ta or ua:
+            episodes += 1
+            a, _ = ours.reset(seed=10 + episodes)
+            b, _ = reference.reset(seed=10 + episodes)
+    assert np.array_equal(a, b) and episodes >= 1
+    ours.close()
+    reference.close()
+    rgb = make_env("BreakoutNoFrameskip-v4", env_kwargs={"obs_type": "rgb"})
+    assert rgb.unwrapped.observation_space.shape == (210, 160, 3)
+    assert rgb.reset(seed=3)[0].shape == (4, 84, 84)
+    rgb.close()
+
+
 def test_the_der_preset_plays_the_atari_100k_protocol() -> None:
     """No sticky actions (even on a v5 id), the 27,000-step cap (a truncation), 1-30
     no-op frames at reset drawn from the episode's seed."""
