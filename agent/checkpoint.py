@@ -196,6 +196,24 @@ def remove_partial_writes(directory: str | Path) -> list[Path]:
     return partial
 
 
+def drop_replay(path: str | Path) -> int:
+    """Rewrite the checkpoint at ``path`` without its replay buffer, atomically; returns
+    the bytes freed (0 when it held none).
+
+    For a finished run that will not train on: what stays still evaluates and exports,
+    and a resume fills the buffer again before learning (approximate, not exact). The
+    buffer's tensors are memory-mapped, never read.
+    """
+    path = Path(path)
+    before = path.stat().st_size
+    data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if "replay" not in data:
+        return 0
+    del data["replay"]
+    save_checkpoint(path, data)  # keeps the file's own format version
+    return before - path.stat().st_size
+
+
 def resume_exactness(data: dict[str, Any]) -> str:
     """How a resume from the ``last.pt`` ``data`` goes, for the lines that announce it."""
     if "replay" in data:

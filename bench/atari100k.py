@@ -20,7 +20,8 @@ machinery (in this process one run at a time; ``--ray-address local`` runs one p
 ``HOST:PORT`` on a Ray cluster), leaving out every run whose score the JSON already holds;
 run again, it resumes. Each finished run's score, wall time, training curve and the
 machines it trained on go into the JSON (``collect`` does it at any time), which is
-committed as runs land.
+committed as runs land. A landed run's ``last.pt`` then keeps its networks, not its
+0.7 GB replay buffer (``--keep-replay`` keeps it, to train the run on exactly).
 
     python -m bench.atari100k table --json bench/atari100k_report.json [--plot-dir DIR]
 
@@ -284,9 +285,10 @@ def training_curve(run_dir: Path, bin_steps: int = CURVE_BIN) -> list[list[float
     return [[float(end), float(np.mean(values))] for end, values in sorted(bins.items())]
 
 
-def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout) -> int:
+def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout, keep_replay: bool = False) -> int:
     """Add every finished run of the sweep to the report's JSON (runs it holds stay as
-    they are); returns how many were added."""
+    they are); returns how many were added. Unless ``keep_replay``, each run the JSON
+    holds then loses the replay buffer from its ``last.pt`` (:func:`drop_replays`)."""
     from agent.sweep.trials import read_manifest, read_result, trial_state
 
     manifest, trials = read_manifest(sweep_dir)
@@ -317,7 +319,29 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout) -> int:
     order = {g.name: i for i, g in enumerate(GAMES)}
     data["runs"].sort(key=lambda r: (order.get(r["game"], 99), r["arm"], r["seed"]))
     report.write_text(json.dumps(data, indent=1) + "\n")
+    if not keep_replay:
+        drop_replays(sweep_dir, data["runs"], out)
     return added
+
+
+def drop_replays(sweep_dir: Path, runs: Sequence[dict[str, Any]], out: Any = sys.stdout) -> int:
+    """Drop the replay buffer from the ``last.pt`` of each of ``runs`` in the sweep (a DER
+    run's is 0.7 GB, 156 of them over 100 GB); its score is in the JSON, its networks
+    stay in the checkpoint for ``--eval``. Returns the bytes freed."""
+    from agent.checkpoint import drop_replay
+    from agent.sweep.trials import read_manifest
+
+    _, trials = read_manifest(sweep_dir)
+    landed = {_key(r) for r in runs}
+    freed = 0
+    for trial in trials:
+        last = sweep_dir / trial.run_dir / "checkpoints" / "last.pt"
+        if (*trial.label.split("/"), trial.seed) in landed and last.is_file():
+            freed += drop_replay(last)
+    if freed:
+        print(f"dropped the replay buffers of landed runs' last.pt: {freed / 2**30:.1f} GiB "
+              "freed (--keep-replay keeps them)", file=out)  # fmt: skip
+    return freed
 
 
 def run_machines(result: dict[str, Any]) -> list[str | None] | None:
@@ -399,7 +423,7 @@ def report(args: argparse.Namespace) -> int:
         write_manifest(sweep_dir, manifest)
         print(f"{len(trials)} runs to go in {sweep_dir} (the JSON holds {len(have)})")
     def landed(trial: Any) -> None:  # each run's score into the JSON as it lands
-        collect(sweep_dir, report_json)
+        collect(sweep_dir, report_json, keep_replay=args.keep_replay)
 
     if args.ray_address is None:
         from agent.sweep.local import run_local
@@ -623,6 +647,10 @@ def main() -> None:
     c = sub.add_parser("collect", help="add a sweep's finished runs to the report's JSON")
     c.add_argument("--sweep", required=True)
     c.add_argument("--json", default=report_json)
+    for sub_parser in (r, c):
+        sub_parser.add_argument("--keep-replay", action="store_true",
+                                help="keep landed runs' replay buffers in their last.pt "
+                                     "(0.7 GB a run), to train them on exactly")  # fmt: skip
     t = sub.add_parser("table", help="aggregates, paired difference, per-game table")
     t.add_argument("--json", default=report_json)
     t.add_argument("--arms", default="der,der-epsilon")
@@ -636,7 +664,7 @@ def main() -> None:
     elif args.command == "report":
         sys.exit(report(args))
     elif args.command == "collect":
-        collect(Path(args.sweep), Path(args.json))
+        collect(Path(args.sweep), Path(args.json), keep_replay=args.keep_replay)
     else:
         print(table(args))
         if args.plot_dir:

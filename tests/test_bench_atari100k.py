@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from agent.checkpoint import load_checkpoint
 from agent.networks import QNetwork
 from agent.setup import describe_machine
 
@@ -80,9 +81,14 @@ def test_a_report_runs_through_the_sweep_collects_and_resumes(tmp_path: Path) ->
              "env_kwargs={max_num_frames_per_episode: 2000}"]  # fmt: skip
     args = argparse.Namespace(seeds="101-101", arms="der,der-epsilon", games="Boxing",
                               sweep=str(tmp_path / "sweep"), ray_address=None,
-                              json=str(report), set=short)  # fmt: skip
+                              json=str(report), set=short, keep_replay=False)  # fmt: skip
     assert atari100k.report(args) == 0
     runs = json.loads(report.read_text())["runs"]
+    # Landed runs keep their networks (for --eval), not their replay buffers.
+    for arm in ("der", "der-epsilon"):
+        last = load_checkpoint(tmp_path / "sweep" / "Boxing" / arm / "seed_101" / "checkpoints"
+                               / "last.pt")  # fmt: skip
+        assert "replay" not in last and "q_network" in last
     assert sorted((r["game"], r["arm"], r["seed"]) for r in runs) == [
         ("Boxing", "der", 101), ("Boxing", "der-epsilon", 101)
     ]  # fmt: skip

@@ -74,6 +74,23 @@ def test_failed_write_keeps_the_previous_checkpoint(
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
+def test_dropping_the_replay_keeps_the_rest_of_the_checkpoint_as_it_was(tmp_path: Path) -> None:
+    replay = {"obs": torch.arange(200_000, dtype=torch.uint8).reshape(-1, 100), "size": 2000}
+    path = ckpt.save_checkpoint(tmp_path / "last.pt", {**_payload(4.0), "version": 1,
+                                                        "replay": replay})  # fmt: skip
+    size = path.stat().st_size
+    freed = ckpt.drop_replay(path)
+    assert 200_000 <= freed < size
+    data = ckpt.load_checkpoint(path)
+    assert "replay" not in data and data["version"] == 1  # the file's own version
+    assert torch.equal(data["weights"], torch.full((3,), 4.0))
+    assert data["counters"] == {"global_step": 7}
+    assert ckpt.resume_exactness(data) == "without the replay buffer: approximate"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    before = path.read_bytes()
+    assert ckpt.drop_replay(path) == 0 and path.read_bytes() == before  # nothing to drop
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no checkpoint at"):
         ckpt.load_checkpoint(tmp_path / "nope.pt")
