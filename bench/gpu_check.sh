@@ -239,7 +239,8 @@ pong)
     # env steps), spent as a batch of 64 every 2 env steps: on a GPU an update of 64
     # costs about what one of 32 does, so the command reaches about twice the steps.
     # Frames in GPU memory when their gpu tests pass here (sampling host frames took 17%
-    # of a step on the H200), else pinned host frames. 8 async envs. Cut off at the limit
+    # of a step on the H200), else pinned host frames. 8 async envs. It stops once 8
+    # noise-free episodes confirm +18 (4 are played every 25k steps). Cut off at the limit
     # it saves last.pt (SIGINT) and the next command on the same machine resumes it (a
     # fresh machine starts over: its replay is too large to carry); the curve (return
     # against steps and wall time) is drawn either way.
@@ -250,13 +251,20 @@ pong)
             tests/test_atari.py -k frames_on_the_gpu && storage=device
         echo "   replay_storage=$storage"
     fi
-    train pong 520 "$r" --env PongNoFrameskip-v4 --seed 1 --set num_envs=8 \
+    # Under BUDGET the run leaves a minute for its curve.
+    limit=520
+    [ "$BUDGET" -gt 0 ] && limit=$((BUDGET - SECONDS - 90))
+    train pong "$limit" "$r" --env PongNoFrameskip-v4 --seed 1 --set num_envs=8 \
         --set vector=async --set batch_size=64 --set train_freq=2 \
         --set replay_storage=$storage --set learning_starts=10000 \
         --set random_starts=10000 --set buffer_size=100000 --set target_update_interval=1000 \
-        --set total_steps=1000000 --set eval_interval=50000 --set eval_episodes=4 \
-        --set eval_envs=4 --set target_return=18 --set confirm_episodes=8 \
+        --set total_steps=1000000 --set eval_interval=25000 --set eval_episodes=4 \
+        --set eval_envs=4 --set target_return=18 --set confirm_episodes=8 --set early_stop=true \
         --set final_episodes=10 --set log_interval=5000 --set checkpoint_interval=50000
+    # The run's events and result come back too, to draw its curve here if need be.
+    mkdir -p "$LOGS/pong_run"
+    cp "$r"/events.out.tfevents.* "$r"/result.json "$r"/config.yaml "$LOGS/pong_run/" 2>/dev/null
+    pack
     step pong_curve 60 $PY -m bench.curve "$r" --out "$LOGS/pong_curve.png" \
         --title "PongNoFrameskip-v4 on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
     sed -n '/^|/p;/^training/p' "$LOGS/pong_curve.log"
