@@ -18,7 +18,8 @@ to their loading and their format version:
                              explore_rng: read as such)
     envs                     per sub-env episode number and actions so far (exact resume)
     replay                   the buffer's state dict, when ``save_buffer`` keeps it
-                             (:func:`keeps_buffer`; without it a resume is approximate)
+                             (:func:`keeps_buffer`; without it a resume is approximate;
+                             :func:`drop_replay` takes it out of a finished run's file)
     wall_time_s              wall seconds of the run so far, every resumed piece included
     pieces                   each piece of the run so far (its start, then each resume):
                              the machine, its first and last env step, its wall seconds
@@ -61,6 +62,7 @@ __all__ = [
     "GeneratorState",
     "buffer_left_out",
     "check_compatible",
+    "drop_replay",
     "get_rng_state",
     "keeps_buffer",
     "load_checkpoint",
