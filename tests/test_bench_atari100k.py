@@ -5,6 +5,7 @@ report of two tiny runs through the sweep machinery, collected and resumed."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from pathlib import Path
 
@@ -73,7 +74,14 @@ def test_the_flop_count_is_the_networks_own_layers() -> None:
     assert atari100k.der_flops(18) == 2 * (3 * 32 * forward + 32 * (first + 2 * (forward - first)))
 
 
-def test_a_report_runs_through_the_sweep_collects_and_resumes(tmp_path: Path) -> None:
+def full_disk(obj: object, f: io.BufferedWriter) -> None:  # half a file, then ENOSPC
+    f.write(b"PK\x03\x04 half a zip")
+    raise OSError(28, "No space left on device")
+
+
+def test_a_report_runs_through_the_sweep_collects_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("ale_py")
     report = tmp_path / "report.json"
     short = ["total_steps=150", "learning_starts=100", "final_episodes=1", "eval_envs=1",
@@ -81,14 +89,23 @@ def test_a_report_runs_through_the_sweep_collects_and_resumes(tmp_path: Path) ->
              "env_kwargs={max_num_frames_per_episode: 2000}"]  # fmt: skip
     args = argparse.Namespace(seeds="101-101", arms="der,der-epsilon", games="Boxing",
                               sweep=str(tmp_path / "sweep"), ray_address=None,
-                              json=str(report), set=short, keep_replay=False)  # fmt: skip
+                              json=str(report), set=short, keep_replay=True)  # fmt: skip
     assert atari100k.report(args) == 0
     runs = json.loads(report.read_text())["runs"]
-    # Landed runs keep their networks (for --eval), not their replay buffers.
-    for arm in ("der", "der-epsilon"):
-        last = load_checkpoint(tmp_path / "sweep" / "Boxing" / arm / "seed_101" / "checkpoints"
-                               / "last.pt")  # fmt: skip
-        assert "replay" not in last and "q_network" in last
+    lasts = [tmp_path / "sweep" / "Boxing" / arm / "seed_101" / "checkpoints" / "last.pt"
+             for arm in ("der", "der-epsilon")]  # fmt: skip
+    assert all("replay" in load_checkpoint(last) for last in lasts)  # --keep-replay
+    # Collecting drops landed runs' replay buffers; a full disk leaves each file whole.
+    out = io.StringIO()
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", full_disk)
+        atari100k.collect(tmp_path / "sweep", report, out)
+    assert out.getvalue().count("No space left on device") == 2
+    assert all("replay" in load_checkpoint(last) for last in lasts)
+    atari100k.collect(tmp_path / "sweep", report, io.StringIO())
+    for last in lasts:  # the networks stay, for --eval
+        data = load_checkpoint(last)
+        assert "replay" not in data and "q_network" in data
     assert sorted((r["game"], r["arm"], r["seed"]) for r in runs) == [
         ("Boxing", "der", 101), ("Boxing", "der-epsilon", 101)
     ]  # fmt: skip
