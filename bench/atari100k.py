@@ -269,6 +269,12 @@ def _key(run: dict[str, Any]) -> tuple[str, str, int]:
     return run["game"], run["arm"], int(run["seed"])
 
 
+def _trial_key(trial: Any) -> tuple[str, str, int]:
+    """A sweep trial's (game, arm, seed), as :func:`_key` gives a JSON run's."""
+    game, arm = trial.label.split("/")
+    return game, arm, trial.seed
+
+
 def training_curve(run_dir: Path, bin_steps: int = CURVE_BIN) -> list[list[float]]:
     """[end step of the bin, mean training return of the episodes ending in it] for every
     bin with an episode, from the run's TensorBoard events (raw game scores)."""
@@ -296,9 +302,10 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout, keep_replay: b
     have = {_key(r) for r in data["runs"]}
     added = 0
     for trial in trials:
-        game, arm = trial.label.split("/")
-        if (game, arm, trial.seed) in have or trial_state(sweep_dir, trial) != "done":
+        key = _trial_key(trial)
+        if key in have or trial_state(sweep_dir, trial) != "done":
             continue
+        game, arm, _ = key
         run_dir = sweep_dir / trial.run_dir
         result = read_result(run_dir)
         assert result is not None
@@ -320,23 +327,23 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout, keep_replay: b
     data["runs"].sort(key=lambda r: (order.get(r["game"], 99), r["arm"], r["seed"]))
     report.write_text(json.dumps(data, indent=1) + "\n")
     if not keep_replay:
-        drop_replays(sweep_dir, data["runs"], out)
+        drop_replays(sweep_dir, trials, data["runs"], out)
     return added
 
 
-def drop_replays(sweep_dir: Path, runs: Sequence[dict[str, Any]], out: Any = sys.stdout) -> int:
-    """Drop the replay buffer from the ``last.pt`` of each of ``runs`` in the sweep (a DER
-    run's is 0.7 GB, 156 of them over 100 GB); its score is in the JSON, its networks
-    stay in the checkpoint for ``--eval``. Returns the bytes freed."""
+def drop_replays(
+    sweep_dir: Path, trials: Sequence[Any], runs: Sequence[dict[str, Any]], out: Any = sys.stdout
+) -> int:
+    """Drop the replay buffer from the ``last.pt`` of each of the sweep's ``trials`` that
+    ``runs`` hold (a DER run's is 0.7 GB, 156 of them over 100 GB); its score is in the
+    JSON, its networks stay in the checkpoint for ``--eval``. Returns the bytes freed."""
     from agent.checkpoint import CheckpointWriteError, drop_replay
-    from agent.sweep.trials import read_manifest
 
-    _, trials = read_manifest(sweep_dir)
     landed = {_key(r) for r in runs}
     freed = 0
     for trial in trials:
         last = sweep_dir / trial.run_dir / "checkpoints" / "last.pt"
-        if (*trial.label.split("/"), trial.seed) in landed and last.is_file():
+        if _trial_key(trial) in landed and last.is_file():
             try:
                 freed += drop_replay(last)
             except CheckpointWriteError as e:  # the file stays whole; the report goes on
@@ -409,7 +416,7 @@ def report(args: argparse.Namespace) -> int:
         points = [{"env_id": g.env_id, **ARMS[a]} for g in games for a in arms]
         names = [f"{g.name}/{a}" for g in games for a in arms]
         built = trials_of_points(None, "der", overrides, seeds, points, names)
-        trials = [t for t in built if (*t.label.split("/"), t.seed) not in have]
+        trials = [t for t in built if _trial_key(t) not in have]
         if not trials:
             print(f"{report_json} holds every run asked for")
             return 0
