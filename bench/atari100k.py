@@ -27,8 +27,8 @@ committed as runs land. A landed run's ``last.pt`` then keeps its networks, not 
 
 prints the aggregates (IQM, median, mean and optimality gap of human-normalised scores
 with stratified-bootstrap 95% CIs, by rliable), the paired difference of the arms, the
-per-game table beside DER's published scores, and draws the curves and the performance
-profiles.
+per-game table beside DER's published scores (the rows of docs/results.md#atari100k, as
+they go there), and draws the curves and the performance profiles.
 """
 
 from __future__ import annotations
@@ -432,6 +432,7 @@ def report(args: argparse.Namespace) -> int:
         }
         write_manifest(sweep_dir, manifest)
         print(f"{len(trials)} runs to go in {sweep_dir} (the JSON holds {len(have)})")
+
     def landed(trial: Any) -> None:  # each run's score into the JSON as it lands
         collect(sweep_dir, report_json, keep_replay=args.keep_replay)
 
@@ -519,11 +520,61 @@ def _ci(point: float, low: float, high: float) -> str:
     return f"{point:.3f} [{low:.3f}, {high:.3f}]"
 
 
+def _seeds_text(seeds: Sequence[int]) -> str:
+    contiguous = list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
+    if contiguous and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def _verdict(low: float, high: float) -> str:
+    return "ahead" if low > 0 else "behind" if high < 0 else "level"
+
+
+def paired_by_game(
+    runs: Sequence[dict[str, Any]], a: str, b: str, games: Sequence[str], seeds: Sequence[int]
+) -> dict[str, tuple[float, float, float]]:
+    """Per game, arm ``a`` minus arm ``b`` paired by seed: the mean difference and its
+    Student's t 95% interval."""
+    from agent.sweep.stats import difference_ci
+
+    by_key = {_key(r): r["score"] for r in runs}
+    return {g: difference_ci([by_key[(g, a, s)] for s in seeds],
+                             [by_key[(g, b, s)] for s in seeds], paired=True)
+            for g in games}  # fmt: skip
+
+
+def game_rows(
+    runs: Sequence[dict[str, Any]], arms: Sequence[str], games: Sequence[str], seeds: Sequence[int]
+) -> list[str]:
+    """The per-game table as the results page gives it: each arm's scores seed by seed and
+    their mean (two decimals where a game's scores are all under 10), DER's published
+    score, and the first arm minus the last, paired by seed (mean, Student's t 95%
+    interval, and whether it lies above zero, across it or below)."""
+    by_key = {_key(r): r["score"] for r in runs}
+    header = [f"{arms[0]}, seeds {_seeds_text(seeds)} (mean)", *(f"{a} (mean)" for a in arms[1:]),
+              "DER as published"]  # fmt: skip
+    paired = {}
+    if len(arms) >= 2:
+        header.append(f"{arms[0]} - {arms[-1]}, paired: mean [95% CI]")
+        paired = paired_by_game(runs, arms[0], arms[-1], games, seeds)
+    lines = ["| game | " + " | ".join(header) + " |", "| --- " * (len(header) + 1) + "|"]
+    for g in games:
+        scores = [[by_key[(g, a, s)] for s in seeds] for a in arms]
+        digits = 2 if max(abs(x) for arm in scores for x in arm) < 10 else 1
+        cells = [", ".join(f"{x:.{digits}f}" for x in arm) + f" ({np.mean(arm):.{digits}f})"
+                 for arm in scores]  # fmt: skip
+        cells.append(f"{BY_NAME[g].der:.1f}")
+        if g in paired:
+            mean, low, high = paired[g]
+            cells.append(f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]: {_verdict(low, high)}")
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(args: argparse.Namespace) -> str:
     """The report as markdown: aggregates per arm, the paired difference, per game (with
     where the first arm is ahead of the last, level or behind), the wall times."""
-    from agent.sweep.stats import difference_ci
-
     data = read_report(Path(args.json))
     runs = [r for r in data["runs"] if r["arm"] in args.arms.split(",")]
     arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in runs)]
@@ -542,23 +593,11 @@ def table(args: argparse.Namespace) -> str:
         diff = paired_difference(matrices[a], matrices[b], reps=args.reps)
         lines.append(f"| {a} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
                      + " |")  # fmt: skip
-    lines += ["", "| game | " + " | ".join(f"{a} (mean of seeds)" for a in arms)
-              + f" | DER published | {arms[0]} - {arms[-1]}: per seed; paired mean [95% CI] |",
-              "|---" * (len(arms) + 3) + "|"]  # fmt: skip
-    by_key = {_key(r): r["score"] for r in runs}
-    verdicts = {"ahead": [], "level": [], "behind": []}
-    for g in games:
-        means = [np.mean([by_key[(g, a, s)] for s in seeds]) for a in arms]
-        diffs = ""
-        if len(arms) >= 2:
-            a, b = ([by_key[(g, arm, s)] for s in seeds] for arm in (arms[0], arms[-1]))
-            mean, low, high = difference_ci(a, b, paired=True)
-            verdicts["ahead" if low > 0 else "behind" if high < 0 else "level"].append(g)
-            diffs = (", ".join(f"{x - y:+.1f}" for x, y in zip(a, b, strict=True))
-                     + f"; {mean:+.1f} [{low:+.1f}, {high:+.1f}]")  # fmt: skip
-        cells = " | ".join(f"{m:.1f}" for m in means)
-        lines.append(f"| {g} | {cells} | {BY_NAME[g].der:.1f} | {diffs} |")
+    lines += ["", *game_rows(runs, arms, games, seeds)]
     if len(arms) >= 2:
+        verdicts = {"ahead": [], "level": [], "behind": []}
+        for g, (_, low, high) in paired_by_game(runs, arms[0], arms[-1], games, seeds).items():
+            verdicts[_verdict(low, high)].append(g)
         lines += ["", f"{arms[0]} against {arms[-1]}, per game (the paired 95% t interval over the "
                   f"seeds above, across or below zero): ahead on {len(verdicts['ahead'])} "
                   f"({', '.join(verdicts['ahead']) or 'none'}), level on "

@@ -18,6 +18,8 @@ from agent.checkpoint import load_checkpoint
 from agent.networks import QNetwork
 from agent.setup import describe_machine
 
+ROOT = Path(__file__).resolve().parent.parent
+
 pytest.importorskip("rliable")
 atari100k = pytest.importorskip("bench.atari100k")
 
@@ -170,6 +172,26 @@ def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(
     text = atari100k.table(argparse.Namespace(json=str(tmp_path / "r.json"),
                                               arms="der,der-epsilon", reps=500))  # fmt: skip
     assert "3 of 26 games" in text
-    assert "| Pong | -7.0 | -10.0 | -19.3 | +3.0, +3.0, +3.0; +3.0 [+3.0, +3.0] |" in text
-    assert "+1.0, +2.0, +9.0; +4.0 [-6.8, +14.8] |" in text
+    assert "| game | der, seeds 101-103 (mean) | der-epsilon (mean) | DER as published |" in text
+    assert ("| Pong | -7.0, -9.0, -5.0 (-7.0) | -10.0, -12.0, -8.0 (-10.0) | -19.3 "
+            "| +3.0 [+3.0, +3.0]: ahead |") in text  # fmt: skip
+    # A game whose scores are all under 10 in magnitude gets two decimals.
+    assert "| Boxing | 1.00, 7.00, 8.00 (5.33) | 5.00, 1.00, 9.00 (5.00) | 0.2 | +0.3 [" in text
+    assert ("| Alien | 706.0, 703.0, 718.0 (709.0) | 705.0, 701.0, 709.0 (705.0) | 739.9 "
+            "| +4.0 [-6.8, +14.8]: level |") in text  # fmt: skip
     assert ("ahead on 1 (Pong), level on 2, behind on 0 (none)") in text
+
+
+def test_the_results_page_gives_the_reports_per_game_rows() -> None:
+    """docs/results.md#atari100k against the committed bench/atari100k_report.json: every
+    game that every arm has finished on every seed has the row the table command prints,
+    and no other game has one. A slip in copying a landed game shows here."""
+    runs = atari100k.read_report(ROOT / "bench" / "atari100k_report.json")["runs"]
+    arms = ["der", "der-epsilon"]
+    games, seeds = atari100k.complete_cells(runs, arms)
+    expected = atari100k.game_rows(runs, arms, games, seeds)
+    page = (ROOT / "docs" / "results.md").read_text().splitlines()
+    start = page.index(expected[0])  # the table's header
+    end = next(i for i in range(start, len(page)) if not page[i].startswith("|"))
+    assert page[start:end] == expected
+    assert f"{len(games)} of 26 games so far" in " ".join(page) or len(games) == 26
