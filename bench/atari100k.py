@@ -527,10 +527,6 @@ def _seeds_text(seeds: Sequence[int]) -> str:
     return ", ".join(map(str, seeds))
 
 
-def _verdict(low: float, high: float) -> str:
-    return "ahead" if low > 0 else "behind" if high < 0 else "level"
-
-
 def paired_by_game(
     runs: Sequence[dict[str, Any]], a: str, b: str, games: Sequence[str], seeds: Sequence[int]
 ) -> dict[str, tuple[float, float, float]]:
@@ -551,6 +547,8 @@ def game_rows(
     their mean (two decimals where a game's scores are all under 10), DER's published
     score, and the first arm minus the last, paired by seed (mean, Student's t 95%
     interval, and whether it lies above zero, across it or below)."""
+    from agent.sweep.stats import verdict
+
     by_key = {_key(r): r["score"] for r in runs}
     header = [f"{arms[0]}, seeds {_seeds_text(seeds)} (mean)", *(f"{a} (mean)" for a in arms[1:]),
               "DER as published"]  # fmt: skip
@@ -567,7 +565,7 @@ def game_rows(
         cells.append(f"{BY_NAME[g].der:.1f}")
         if g in paired:
             mean, low, high = paired[g]
-            cells.append(f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]: {_verdict(low, high)}")
+            cells.append(f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]: {verdict(low, high)}")
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
     return lines
 
@@ -575,6 +573,8 @@ def game_rows(
 def table(args: argparse.Namespace) -> str:
     """The report as markdown: aggregates per arm, the paired difference, per game (with
     where the first arm is ahead of the last, level or behind), the wall times."""
+    from agent.sweep.stats import verdict
+
     data = read_report(Path(args.json))
     runs = [r for r in data["runs"] if r["arm"] in args.arms.split(",")]
     arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in runs)]
@@ -597,7 +597,7 @@ def table(args: argparse.Namespace) -> str:
     if len(arms) >= 2:
         verdicts = {"ahead": [], "level": [], "behind": []}
         for g, (_, low, high) in paired_by_game(runs, arms[0], arms[-1], games, seeds).items():
-            verdicts[_verdict(low, high)].append(g)
+            verdicts[verdict(low, high)].append(g)
         lines += ["", f"{arms[0]} against {arms[-1]}, per game (the paired 95% t interval over the "
                   f"seeds above, across or below zero): ahead on {len(verdicts['ahead'])} "
                   f"({', '.join(verdicts['ahead']) or 'none'}), level on "

@@ -235,7 +235,7 @@ def run_arms(
 def rainbow(args: argparse.Namespace) -> int:
     """The rainbow preset, the preset without noisy nets and today's default, on the five
     games, beside Revisiting Rainbow's 10M-frame figures."""
-    from agent.sweep.stats import bootstrap_ci, difference_ci, iqm
+    from agent.sweep.stats import bootstrap_ci, difference_ci, iqm, verdict
     from bench.suite import plot
 
     games = args.games.split(",")
@@ -287,7 +287,7 @@ def rainbow(args: argparse.Namespace) -> int:
             mean, lo, hi = difference_ci(finals["rainbow"], finals[other], paired=True)
             diffs.append(f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]")
             if other == "rainbow-no-noise":
-                noise_verdicts.append("ahead" if lo > 0 else "behind" if hi < 0 else "level")
+                noise_verdicts.append(verdict(lo, hi))
         dqn, rb, rb_no_noise = REVISITING_RAINBOW[game]
         median = statistics.median(finals["rainbow"])
         over_dqn += median >= dqn

@@ -24,6 +24,7 @@ __all__ = [
     "percentiles",
     "steps_to_solve",
     "t_critical",
+    "verdict",
 ]
 
 
@@ -119,6 +120,12 @@ def difference_ci(
     point = float(rows(xa[None])[0] - rows(xb[None])[0])
     lo, hi = np.percentile(diffs, [2.5, 97.5])
     return point, float(lo), float(hi)
+
+
+def verdict(low: float, high: float) -> str:
+    """Where a difference's confidence interval lies against zero: ``"ahead"`` above it,
+    ``"behind"`` below it, ``"level"`` across it."""
+    return "ahead" if low > 0 else "behind" if high < 0 else "level"
 
 
 def _t_within(t: float, df: int) -> float:
