@@ -232,14 +232,14 @@ wall_time_s) s in all, $(json "$r/result.json" final_eval_wall_s) s of final eva
     pack
     ;;
 pong)
-    # Pong from scratch inside one 10-minute command, the goal a noise-free +18. A first
-    # attempt, not tuned on a GPU yet: atari.yaml's network and noise with the replay
-    # ratio of the DQN tutorials that solve Pong in about 400k agent steps (32 sampled
-    # transitions per env step, learning from 10k, a 100k replay, the target every 2,000
-    # env steps), spent as a batch of 64 every 2 env steps: on a GPU an update of 64
-    # costs about what one of 32 does, so the command reaches about twice the steps.
-    # Frames in GPU memory when their gpu tests pass here (sampling host frames took 17%
-    # of a step on the H200), else pinned host frames. 8 async envs. It stops once 8
+    # Pong from scratch inside one 10-minute command, the goal a noise-free +18:
+    # atari.yaml's network and noise with the replay ratio of the DQN tutorials that solve
+    # Pong in about 400k agent steps (32 sampled transitions per env step, learning from
+    # 10k, a 100k replay, the target every 1,000 env steps), spent as a batch of 64 every
+    # 2 env steps: on a GPU an update of 64 costs about what one of 32 does. Frames in GPU
+    # memory when their gpu tests pass here, else pinned host frames. 16 async envs, and
+    # the evaluation's 4 copies in worker processes of their own, all at once, so that
+    # the evaluations every 25k steps hold training up less. It stops once 8
     # noise-free episodes confirm +18 (4 are played every 25k steps). Cut off at the limit
     # it saves last.pt (SIGINT) and the next command on the same machine resumes it (a
     # fresh machine starts over: its replay is too large to carry); the curve (return
@@ -254,8 +254,8 @@ pong)
     # Under BUDGET the run leaves a minute for its curve.
     limit=520
     [ "$BUDGET" -gt 0 ] && limit=$((BUDGET - SECONDS - 90))
-    train pong "$limit" "$r" --env PongNoFrameskip-v4 --seed 1 --set num_envs=8 \
-        --set vector=async --set batch_size=64 --set train_freq=2 \
+    train pong "$limit" "$r" --env PongNoFrameskip-v4 --seed 1 --set num_envs=16 \
+        --set vector=async --set eval_vector=async --set batch_size=64 --set train_freq=2 \
         --set replay_storage=$storage --set learning_starts=10000 \
         --set random_starts=10000 --set buffer_size=100000 --set target_update_interval=1000 \
         --set total_steps=1000000 --set eval_interval=25000 --set eval_episodes=4 \
