@@ -541,21 +541,27 @@ def paired_by_game(
 
 
 def game_rows(
-    runs: Sequence[dict[str, Any]], arms: Sequence[str], games: Sequence[str], seeds: Sequence[int]
+    runs: Sequence[dict[str, Any]],
+    arms: Sequence[str],
+    games: Sequence[str],
+    seeds: Sequence[int],
+    paired: dict[str, tuple[float, float, float]] | None = None,
 ) -> list[str]:
     """The per-game table as the results page gives it: each arm's scores seed by seed and
     their mean (two decimals where a game's scores are all under 10), DER's published
-    score, and the first arm minus the last, paired by seed (mean, Student's t 95%
-    interval, and whether it lies above zero, across it or below)."""
+    score, and the first arm minus the second, paired by seed (mean, Student's t 95%
+    interval, and whether it lies above zero, across it or below); ``paired`` is
+    `paired_by_game`'s answer for them, if the caller has it."""
     from agent.sweep.stats import verdict
 
     by_key = {_key(r): r["score"] for r in runs}
     header = [f"{arms[0]}, seeds {_seeds_text(seeds)} (mean)", *(f"{a} (mean)" for a in arms[1:]),
               "DER as published"]  # fmt: skip
-    paired = {}
     if len(arms) >= 2:
-        header.append(f"{arms[0]} - {arms[-1]}, paired: mean [95% CI]")
-        paired = paired_by_game(runs, arms[0], arms[-1], games, seeds)
+        header.append(f"{arms[0]} - {arms[1]}, paired: mean [95% CI]")
+        if paired is None:
+            paired = paired_by_game(runs, arms[0], arms[1], games, seeds)
+    paired = paired or {}
     lines = ["| game | " + " | ".join(header) + " |", "| --- " * (len(header) + 1) + "|"]
     for g in games:
         scores = [[by_key[(g, a, s)] for s in seeds] for a in arms]
@@ -571,8 +577,9 @@ def game_rows(
 
 
 def table(args: argparse.Namespace) -> str:
-    """The report as markdown: aggregates per arm, the paired difference, per game (with
-    where the first arm is ahead of the last, level or behind), the wall times."""
+    """The report as markdown: aggregates per arm, the first arm minus the second paired
+    (aggregates and per game, with where the first is ahead, level or behind), the wall
+    times."""
     from agent.sweep.stats import verdict
 
     data = read_report(Path(args.json))
@@ -593,12 +600,13 @@ def table(args: argparse.Namespace) -> str:
         diff = paired_difference(matrices[a], matrices[b], reps=args.reps)
         lines.append(f"| {a} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
                      + " |")  # fmt: skip
-    lines += ["", *game_rows(runs, arms, games, seeds)]
-    if len(arms) >= 2:
+    paired = paired_by_game(runs, arms[0], arms[1], games, seeds) if len(arms) >= 2 else None
+    lines += ["", *game_rows(runs, arms, games, seeds, paired)]
+    if paired:
         verdicts = {"ahead": [], "level": [], "behind": []}
-        for g, (_, low, high) in paired_by_game(runs, arms[0], arms[-1], games, seeds).items():
+        for g, (_, low, high) in paired.items():
             verdicts[verdict(low, high)].append(g)
-        lines += ["", f"{arms[0]} against {arms[-1]}, per game (the paired 95% t interval over the "
+        lines += ["", f"{arms[0]} against {arms[1]}, per game (the paired 95% t interval over the "
                   f"seeds above, across or below zero): ahead on {len(verdicts['ahead'])} "
                   f"({', '.join(verdicts['ahead']) or 'none'}), level on "
                   f"{len(verdicts['level'])}, behind on {len(verdicts['behind'])} "

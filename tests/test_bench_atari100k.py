@@ -195,3 +195,25 @@ def test_the_results_page_gives_the_reports_per_game_rows() -> None:
     end = next(i for i in range(start, len(page)) if not page[i].startswith("|"))
     assert page[start:end] == expected
     assert f"{len(games)} of 26 games so far" in " ".join(page) or len(games) == 26
+
+
+def test_with_three_arms_every_paired_comparison_is_the_first_against_the_second(
+    tmp_path: Path,
+) -> None:
+    """The aggregates' paired row and the per-game column compare the same two arms: the
+    first (the agent) against the second (its ablation), whatever arms follow."""
+    runs = []
+    for seed in (101, 102, 103):
+        for arm, score in (("der", 10.0 + seed), ("der-epsilon", 4.0 + seed),
+                           ("der-shift", 30.0 + seed)):  # fmt: skip
+            runs.append({"game": "Pong", "arm": arm, "seed": seed, "score": score,
+                         "wall_s": 60.0, "final_eval_s": 6.0, "curve": []})  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
+    args = argparse.Namespace(json=str(tmp_path / "r.json"), arms="der,der-epsilon,der-shift",
+                              reps=200)  # fmt: skip
+    text = atari100k.table(args)
+    assert "| der - der-epsilon, paired |" in text
+    assert "| der - der-epsilon, paired: mean [95% CI] |" in text
+    assert "+6.0 [+6.0, +6.0]: ahead |" in text
+    assert "der against der-epsilon, per game" in text
+    assert "der - der-shift" not in text and "der against der-shift" not in text
