@@ -671,8 +671,7 @@ def plots(runs: Sequence[dict[str, Any]], arms: Sequence[str], out_dir: Path) ->
                 ax.fill_between(taus, *cis[name], color=color, alpha=0.2)
         ax.set_xlabel("human-normalised score tau")
         ax.set_ylabel("fraction of runs above tau")
-        ax.set_title(f"Performance profiles, {len(games)} games, seeds "
-                     f"{seeds[0]}-{seeds[-1]}")  # fmt: skip
+        ax.set_title(f"Performance profiles, {len(games)} games, seeds {_seeds_text(seeds)}")
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(out_dir / "profiles.png")
