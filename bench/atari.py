@@ -118,7 +118,7 @@ def breakdown(
     dev = resolve_device(cfg.device)
     agent = build_agent(cfg, spec, dev, eval_envs=1)
     replay, selector, learner = agent.replay, agent.selector, agent.learner
-    generator = torch.Generator(device=replay.storage_device).manual_seed(0)
+    generator = torch.Generator(device=replay.generator_device).manual_seed(0)
     clock = Clock(dev)
     rng = np.random.default_rng(0)
     envs = make_vector_env(env_id, num_envs, "sync", cfg.env_kwargs, cfg.wrappers)

@@ -9,8 +9,8 @@ core (``taskset``, one torch thread): ``run.py --seed 1`` (one seed, the single-
 fast paths) and ``run.py --seeds 1-S`` (S seeds stacked in one process, no Ray), both
 with ``early_stop=false`` so every seed runs every step, evaluation and logging
 included. The single run is timed before and after the groups, so drift shows. Prints,
-per variant, the wall time, env steps per second summed over seeds, and the per-seed
-throughput against one seed alone.
+per variant as it finishes, the wall time, env steps per second summed over seeds, and
+the per-seed throughput against the first lone run.
 
 ``agree``: the same seeds as one group and each alone (the env's own config, early
 stop on), then solve rate, median steps to solve and the final return's IQM of both,
@@ -56,24 +56,30 @@ def speed(args: argparse.Namespace) -> None:
               args.device, "--set", "early_stop=false", "--set", "torch_threads=1"]  # fmt: skip
     print(f"{args.env}, {args.steps:,} steps per seed, one core, --device {args.device}; "
           f"{machine()}")  # fmt: skip
+    # Each row is printed as it lands, against the first lone run, so that a command cut
+    # off by its time limit still reports the rows it finished.
+    print("\n| variant | wall s | env steps/s, all seeds | per-seed throughput vs alone |")
+    print("|---|---|---|---|", flush=True)
+    alone: list[float] = []
+
+    def row(name: str, s: int, wall: float) -> None:
+        sps = s * args.steps / wall
+        print(f"| {name} | {wall:.1f} | {sps:,.0f} | {alone[0] * s / wall:.2f}x |", flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
-        rows: list[tuple[str, int, float]] = []
 
         def single(tag: str) -> None:
             wall = timed([*common, "--seed", "1", "--run-dir", f"{tmp}/single{tag}"], args.core)
-            rows.append((f"one seed alone (run.py --seed 1){tag}", 1, wall))
+            alone.append(wall)
+            row(f"one seed alone (run.py --seed 1){tag}", 1, wall)
 
         single("")
         for s in args.seeds:
             wall = timed([*common, "--seeds", f"1-{s}", "--run-dir", f"{tmp}/group{s}"], args.core)
-            rows.append((f"{s} seeds in one process (run.py --seeds 1-{s})", s, wall))
+            row(f"{s} seeds in one process (run.py --seeds 1-{s})", s, wall)
         single(", again")
-    alone = min(wall for name, _, wall in rows if name.startswith("one seed"))
-    print("\n| variant | wall s | env steps/s, all seeds | per-seed throughput vs alone |")
-    print("|---|---|---|---|")
-    for name, s, wall in rows:
-        sps = s * args.steps / wall
-        print(f"| {name} | {wall:.1f} | {sps:,.0f} | {alone * s / wall:.2f}x |")
+    if len(alone) == 2:
+        print(f"\n(lone runs: {alone[0]:.1f} s and {alone[1]:.1f} s; the ratios use the first)")
 
 
 def agree(args: argparse.Namespace) -> None:

@@ -218,7 +218,8 @@ class FrameReplayBuffer:
 
     @property
     def generator_device(self) -> torch.device:
-        """Where ``sample``'s generator lives: the host (so are the frames)."""
+        """Where ``sample``'s generator lives: the host, where the slots are drawn, even when
+        the frames live in GPU memory."""
         return torch.device("cpu")
 
     @property
