@@ -290,9 +290,17 @@ class Evaluator:
 
     def __call__(self, step: int) -> bool:
         """A periodic evaluation; True when it reached the target, confirmed."""
+        start = time.perf_counter()
         result = self._round(self.episodes)
         self.curve.append((step, result.mean))
-        self.log(step, {"eval/mean_return": result.mean, "eval/std_return": result.std})
+        # Lengths and seconds show a policy caught in a loop until the time limit: the
+        # round's cost, which the returns alone do not show.
+        self.log(step, {
+            "eval/mean_return": result.mean, "eval/std_return": result.std,
+            "eval/mean_length": float(result.lengths.mean()),
+            "eval/max_length": float(result.lengths.max()),
+            "eval/seconds": time.perf_counter() - start,
+        })  # fmt: skip
         if self.state.best_eval is None or result.mean > self.state.best_eval:
             self.state.best_eval = result.mean
             self.on_best()

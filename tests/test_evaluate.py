@@ -224,6 +224,27 @@ def _always_one(batch: np.ndarray) -> np.ndarray:
     return np.ones(len(batch), dtype=np.int64)  # right about half the time
 
 
+def test_a_periodic_round_logs_its_episodes_lengths_and_seconds() -> None:
+    from agent.evaluate import Evaluator, run_episodes
+
+    logged: list[tuple[int, dict]] = []
+    envs = [make_env("envs.testing:NoisyDQN/CueVaried-v0") for _ in range(2)]
+    evaluate = Evaluator(
+        _always_one, envs, _Counters(), seed=3, episodes=5, confirm_episodes=0, confirm_z=1.645,
+        target_return=None, early_stop=False, curve=[],
+        log=lambda step, scalars: logged.append((step, scalars)), on_best=lambda: None,
+    )  # fmt: skip
+    evaluate(100)
+    # The same round played again: episodes of lengths 2..9 drawn from their seeds.
+    lengths = run_episodes(_always_one, envs, 5, seed=3, round_index=0).lengths
+    assert len(set(lengths.tolist())) > 1
+    step, scalars = logged[0]
+    assert step == 100
+    assert scalars["eval/mean_length"] == pytest.approx(lengths.mean())
+    assert scalars["eval/max_length"] == lengths.max()
+    assert scalars["eval/seconds"] >= 0
+
+
 def test_below_the_target_or_without_early_stop_the_run_goes_on() -> None:
     evaluate, state, _, best = _evaluator(_always_one, target=4.5)
     assert evaluate(100) is False and state.eval_round == 1  # no confirmation played
