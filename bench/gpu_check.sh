@@ -239,11 +239,13 @@ pong)
     # 2 env steps: on a GPU an update of 64 costs about what one of 32 does. Frames in GPU
     # memory when their gpu tests pass here, else pinned host frames. 16 async envs, and
     # the evaluation's 4 copies in worker processes of their own, all at once, so that
-    # the evaluations every 25k steps hold training up less. It stops once 8
-    # noise-free episodes confirm +18 (4 are played every 25k steps). Cut off at the limit
-    # it saves last.pt (SIGINT) and the next command on the same machine resumes it (a
-    # fresh machine starts over: its replay is too large to carry); the curve (return
-    # against steps and wall time) is drawn either way.
+    # the evaluations every 25k steps hold training up less. The evaluation plays at
+    # epsilon 0.001, as the Atari protocols do: a greedy Pong policy can hold a rally up
+    # to the game's cap of 108k frames (docs/research/log.md#gpu-2026-11-28b). It stops
+    # once 8 noise-free episodes confirm +18 (4 are played every 25k steps). Cut off at
+    # the limit it saves last.pt (SIGINT) and the next command on the same machine
+    # resumes it (a fresh machine starts over: its replay is too large to carry); the
+    # curve (return against steps and wall time) is drawn either way.
     r=$RUNS/pong
     storage=pinned
     if [ ! -f "$r/checkpoints/last.pt" ]; then
@@ -259,8 +261,9 @@ pong)
         --set replay_storage=$storage --set learning_starts=10000 \
         --set random_starts=10000 --set buffer_size=100000 --set target_update_interval=1000 \
         --set total_steps=1000000 --set eval_interval=25000 --set eval_episodes=4 \
-        --set eval_envs=4 --set target_return=18 --set confirm_episodes=8 --set early_stop=true \
-        --set final_episodes=10 --set log_interval=5000 --set checkpoint_interval=50000
+        --set eval_envs=4 --set eval_epsilon=0.001 --set target_return=18 \
+        --set confirm_episodes=8 --set early_stop=true --set final_episodes=10 \
+        --set log_interval=5000 --set checkpoint_interval=50000
     # The run's events and result come back too, to draw its curve here if need be.
     mkdir -p "$LOGS/pong_run"
     cp "$r"/events.out.tfevents.* "$r"/result.json "$r"/config.yaml "$LOGS/pong_run/" 2>/dev/null
