@@ -269,6 +269,11 @@ def _key(run: dict[str, Any]) -> tuple[str, str, int]:
     return run["game"], run["arm"], int(run["seed"])
 
 
+def _scores(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str, int], float]:
+    """Each run's raw score by its (game, arm, seed)."""
+    return {_key(r): r["score"] for r in runs}
+
+
 def _trial_key(trial: Any) -> tuple[str, str, int]:
     """A sweep trial's (game, arm, seed), as :func:`_key` gives a JSON run's."""
     game, arm = trial.label.split("/")
@@ -455,7 +460,7 @@ def score_matrix(
     runs: Sequence[dict[str, Any]], arm: str, games: Sequence[str], seeds: Sequence[int]
 ) -> np.ndarray:
     """Human-normalised scores ``(len(seeds), len(games))`` of ``arm``: a run per cell."""
-    by_key = {_key(r): r["score"] for r in runs}
+    by_key = _scores(runs)
     return np.array([[BY_NAME[g].normalized(by_key[(g, arm, s)]) for g in games]
                      for s in seeds], dtype=np.float64)  # fmt: skip
 
@@ -534,7 +539,7 @@ def paired_by_game(
     Student's t 95% interval."""
     from agent.sweep.stats import difference_ci
 
-    by_key = {_key(r): r["score"] for r in runs}
+    by_key = _scores(runs)
     return {g: difference_ci([by_key[(g, a, s)] for s in seeds],
                              [by_key[(g, b, s)] for s in seeds], paired=True)
             for g in games}  # fmt: skip
@@ -554,7 +559,7 @@ def game_rows(
     `paired_by_game`'s answer for them, if the caller has it."""
     from agent.sweep.stats import verdict
 
-    by_key = {_key(r): r["score"] for r in runs}
+    by_key = _scores(runs)
     header = [f"{arms[0]}, seeds {_seeds_text(seeds)} (mean)", *(f"{a} (mean)" for a in arms[1:]),
               "DER as published"]  # fmt: skip
     if len(arms) >= 2:
