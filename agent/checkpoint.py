@@ -22,8 +22,8 @@ to their loading and their format version:
                              :func:`drop_replay` takes it out of a finished run's file)
     wall_time_s              wall seconds of the run so far, every resumed piece included
     pieces                   each piece of the run so far (its start, then each resume):
-                             the machine, its first and last env step, its wall seconds
-                             (:func:`run_pieces`)
+                             the machine, the software, its first and last env step, its
+                             wall seconds (:func:`run_pieces`)
 
 ``best.pt`` is a policy checkpoint: it is for evaluation, so it never carries the
 replay buffer (gigabytes with Atari) or the optimizer.
@@ -368,16 +368,18 @@ def restore_training(
 
 def run_pieces(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The pieces of the run a :func:`training_checkpoint` holds, each a dict: ``machine``
-    (where it ran), ``from_step`` and ``to_step`` (env steps), ``wall_s``. A checkpoint
-    written before pieces were kept holds the run so far as one piece on an unknown
-    machine (None)."""
+    (where it ran), ``software`` (what it ran with; absent from pieces saved before it was
+    kept), ``from_step`` and ``to_step`` (env steps), ``wall_s``. A checkpoint written
+    before pieces were kept holds the run so far as one piece on an unknown machine with
+    unknown software (None)."""
     if "pieces" in data:
         return [dict(piece) for piece in data["pieces"]]
     step = int(data["counters"]["global_step"])
     if step == 0:
         return []
     wall = float(data.get("wall_time_s", 0.0))
-    return [{"machine": None, "from_step": 0, "to_step": step, "wall_s": wall}]
+    return [{"machine": None, "software": None, "from_step": 0, "to_step": step,
+             "wall_s": wall}]  # fmt: skip
 
 
 def _version_1_exploration(data: dict[str, Any]) -> dict[str, Any]:

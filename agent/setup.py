@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.metadata
 import os
 import platform
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,7 @@ __all__ = [
     "close_quietly",
     "cpu_name",
     "describe_machine",
+    "describe_software",
     "hold_run_dir",
     "learner_settings",
     "limit_cpu_threads",
@@ -124,6 +127,25 @@ def describe_machine(device: torch.device) -> str:
     if device.type == "cuda":
         text += f", {torch.cuda.get_device_name(device)}"
     return text
+
+
+# What sets a run's numbers besides the code and the machine: the packages always used,
+# then each env family's own package where this process has imported it.
+_RUN_PACKAGES = ("torch", "numpy", "gymnasium")
+_ENV_PACKAGES = {"ale_py": "ale-py", "minatar": "minatar", "minigrid": "minigrid"}
+
+
+def describe_software() -> str:
+    """The software a run's piece ran with, for result.json: Python and the versions of
+    torch, numpy, gymnasium and the env families' packages imported so far
+    (``Python 3.11.7, torch 2.13.0+cpu, numpy 2.4.6, gymnasium 1.4.0, ale-py 0.12.1``)."""
+    names = [*_RUN_PACKAGES, *(dist for module, dist in _ENV_PACKAGES.items()
+                                if module in sys.modules)]  # fmt: skip
+    parts = [f"Python {platform.python_version()}"]
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            parts.append(f"{name} {importlib.metadata.version(name)}")
+    return ", ".join(parts)
 
 
 def build_q_network(
@@ -300,6 +322,8 @@ class Run:
     """The run's earlier pieces (:func:`agent.checkpoint.run_pieces`), for result.json."""
     machine: str = ""
     """Where this piece runs (:func:`describe_machine`)."""
+    software: str = ""
+    """What this piece runs with (:func:`describe_software`)."""
     augment: RandomShift | None = None
     """The augmentation of the replay batches (``augment``), or None."""
     extra_components: dict[str, Any] = field(default_factory=dict)
@@ -382,6 +406,7 @@ def prepare_run(
         wall_before=0.0 if checkpoint is None else float(checkpoint.get("wall_time_s", 0.0)),
         pieces_before=[] if checkpoint is None else run_pieces(checkpoint),
         machine=describe_machine(device),
+        software=describe_software(),
         augment=make_augment(cfg.augment, agent.replay.device, cfg.seed),
     )  # fmt: skip
     if checkpoint is None:

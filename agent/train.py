@@ -116,7 +116,8 @@ class TrainResult:
     """Wall seconds of the final evaluation (included in ``wall_time_s``)."""
     pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Each piece of the run, its start then each resume: ``machine`` (the CPU, its torch
-    threads, the GPU on CUDA), ``from_step``, ``to_step``, ``wall_s``. The wall times of a
+    threads, the GPU on CUDA), ``software`` (Python and the package versions),
+    ``from_step``, ``to_step``, ``wall_s``. The wall times of a
     run resumed on other hardware add up machines that differ."""
 
 
@@ -174,6 +175,7 @@ class Checkpoints:
         before = run.pieces_before
         now = {
             "machine": run.machine,
+            "software": run.software,
             "from_step": before[-1]["to_step"] if before else 0,  # the step resumed from
             "to_step": run.counters.global_step,
             "wall_s": wall_time_s - run.wall_before,

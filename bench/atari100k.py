@@ -18,10 +18,11 @@ it (the multiply-adds of the three forward passes and the backward of an update)
 runs the report: the 26 games x the arms x the seeds as one sweep of the project's sweep
 machinery (in this process one run at a time; ``--ray-address local`` runs one per core,
 ``HOST:PORT`` on a Ray cluster), leaving out every run whose score the JSON already holds;
-run again, it resumes. Each finished run's score, wall time, training curve and the
-machines it trained on go into the JSON (``collect`` does it at any time), which is
-committed as runs land. A landed run's ``last.pt`` then keeps its networks, not its
-0.7 GB replay buffer (``--keep-replay`` keeps it, to train the run on exactly).
+run again, it resumes. Each finished run's score, wall time, training curve, the
+machines it trained on and the software it trained with go into the JSON (``collect``
+does it at any time), which is committed as runs land. A landed run's ``last.pt`` then
+keeps its networks, not its 0.7 GB replay buffer (``--keep-replay`` keeps it, to train
+the run on exactly).
 
     python -m bench.atari100k table --json bench/atari100k_report.json [--plot-dir DIR]
 
@@ -322,6 +323,7 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout, keep_replay: b
             "wall_s": round(result["wall_time_s"], 1),
             "final_eval_s": round(result.get("final_eval_wall_s") or 0.0, 1),
             "machines": run_machines(result),
+            "software": run_software(result),
             "commit": manifest.get("commit"),
             "curve": training_curve(run_dir),
         })  # fmt: skip
@@ -363,10 +365,20 @@ def run_machines(result: dict[str, Any]) -> list[str | None] | None:
     """Where a run trained, from its result.json's ``pieces``: each machine once, in the
     order the pieces ran (None for a piece whose checkpoint did not say), or None where
     result.json predates pieces."""
+    return _piece_values(result, "machine")
+
+
+def run_software(result: dict[str, Any]) -> list[str | None] | None:
+    """What a run trained with (Python and package versions), from its result.json's
+    ``pieces``, as :func:`run_machines` gives the machines."""
+    return _piece_values(result, "software")
+
+
+def _piece_values(result: dict[str, Any], key: str) -> list[str | None] | None:
     pieces = result.get("pieces")
     if not pieces:
         return None
-    return list(dict.fromkeys(piece["machine"] for piece in pieces))
+    return list(dict.fromkeys(piece.get(key) for piece in pieces))
 
 
 def wall_times(runs: Sequence[dict[str, Any]]) -> list[str]:

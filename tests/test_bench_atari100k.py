@@ -16,7 +16,7 @@ from torch import nn
 
 from agent.checkpoint import load_checkpoint
 from agent.networks import QNetwork
-from agent.setup import describe_machine
+from agent.setup import describe_machine, describe_software
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ def full_disk(obj: object, f: io.BufferedWriter) -> None:  # half a file, then E
 def test_a_report_runs_through_the_sweep_collects_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("ale_py")
+    ale_py = pytest.importorskip("ale_py")
     report = tmp_path / "report.json"
     short = ["total_steps=150", "learning_starts=100", "final_episodes=1", "eval_envs=1",
              "eval_epsilon=1.0", "buffer_size=1000", "n_step=3",
@@ -114,6 +114,8 @@ def test_a_report_runs_through_the_sweep_collects_and_resumes(
     for run in runs:
         assert run["steps"] == 150 and run["episodes"] == 1 and run["wall_s"] > 0
         assert run["machines"] == [describe_machine(torch.device("cpu"))]  # one piece, here
+        assert run["software"] == [describe_software()]
+        assert f"ale-py {ale_py.__version__}" in run["software"][0]  # the Atari package too
         assert isinstance(run["score"], float)
     sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     configs = {t["label"]: t["config"] for t in sweep["trials"]}

@@ -47,7 +47,7 @@ def test_a_run_s_pieces_survive_a_weights_only_file_and_older_files_give_one(
     assert ckpt.run_pieces(loaded) == pieces
     older = {k: v for k, v in loaded.items() if k != "pieces"}
     assert ckpt.run_pieces(older) == [
-        {"machine": None, "from_step": 0, "to_step": 7, "wall_s": 2.0}
+        {"machine": None, "software": None, "from_step": 0, "to_step": 7, "wall_s": 2.0}
     ]  # fmt: skip
     assert ckpt.run_pieces({**older, "counters": {"global_step": 0}}) == []
 

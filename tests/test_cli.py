@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,12 +98,16 @@ def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
     assert whole["solved_step"] == first["solved_step"]
     assert whole["wall_time_s"] > first["wall_time_s"]
     # Two pieces, the start and the extension, on this machine; their walls make the run's.
-    from agent.setup import describe_machine
+    from agent.setup import describe_machine, describe_software
 
     here = describe_machine(torch.device("cpu"))
     assert [(p["machine"], p["from_step"], p["to_step"]) for p in whole["pieces"]] == [
         (here, 0, first["global_step"]), (here, first["global_step"], end)
     ]  # fmt: skip
+    # Each piece names what it ran with: Python and the versions of the packages.
+    software = describe_software()
+    assert [p["software"] for p in whole["pieces"]] == [software, software]
+    assert f"torch {torch.__version__}" in software and f"numpy {np.__version__}" in software
     assert sum(p["wall_s"] for p in whole["pieces"]) == pytest.approx(whole["wall_time_s"])
     assert whole["eval_curve"][: len(first["eval_curve"])] == first["eval_curve"]
     assert len(whole["eval_curve"]) > len(first["eval_curve"])
