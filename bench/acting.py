@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ from torch import nn
 from agent.acting import ActionSelector
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise
-from agent.setup import cpu_name, limit_cpu_threads
+from agent.setup import cpu_name, describe_software, limit_cpu_threads
 
 __all__ = ["machine", "make_obs", "time_calls"]
 
@@ -177,9 +176,7 @@ def machine() -> str:
     parts = [f"CPU: {cpu_name()} ({torch.get_num_threads()} torch thread(s))"]
     if torch.cuda.is_available():
         parts.append(f"GPU: {torch.cuda.get_device_name()}")
-    parts.append(
-        f"torch {torch.__version__}, numpy {np.__version__}, Python {platform.python_version()}"
-    )
+    parts.append(describe_software())  # the same line a run's result.json records
     return "; ".join(parts)
 
 
