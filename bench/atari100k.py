@@ -27,7 +27,8 @@ the run on exactly).
     python -m bench.atari100k table --json bench/atari100k_report.json [--plot-dir DIR]
 
 prints the aggregates (IQM, median, mean and optimality gap of human-normalised scores
-with stratified-bootstrap 95% CIs, by rliable), the paired difference of the arms, the
+with stratified-bootstrap 95% CIs, by rliable), the same over per-game means beside the
+published tables of DER, DrQ and SPR, the paired difference of the arms, the
 per-game table beside DER's published scores (the rows of docs/results.md#atari100k, as
 they go there), and draws the curves and the performance profiles.
 """
@@ -477,6 +478,17 @@ def score_matrix(
                      for s in seeds], dtype=np.float64)  # fmt: skip
 
 
+PUBLISHED = {"DER": "der", "DrQ": "drq", "SPR": "spr"}  # label: the Game field
+
+
+def published_matrix(method: str, games: Sequence[str]) -> np.ndarray:
+    """The per-game means published for ``method`` (a ``Game`` field: ``der``, ``drq`` or
+    ``spr``), human-normalised, as one row ``(1, len(games))``: a published table gives one
+    value a game."""
+    return np.array([[BY_NAME[g].normalized(getattr(BY_NAME[g], method)) for g in games]],
+                    dtype=np.float64)  # fmt: skip
+
+
 def complete_cells(
     runs: Sequence[dict[str, Any]], arms: Sequence[str]
 ) -> tuple[list[str], list[int]]:
@@ -617,6 +629,16 @@ def table(args: argparse.Namespace) -> str:
         diff = paired_difference(matrices[a], matrices[b], reps=args.reps)
         lines.append(f"| {a} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
                      + " |")  # fmt: skip
+    # The same aggregates over one value a game, the arms' means of their seeds beside the
+    # published tables' means, which have no runs to aggregate over.
+    per_game = {arm: matrices[arm].mean(axis=0, keepdims=True) for arm in arms}
+    per_game |= {f"{label} as published": published_matrix(field, games)
+                 for label, field in PUBLISHED.items()}  # fmt: skip
+    lines += ["", "| per-game means | " + " | ".join(METRICS) + " |",
+              "|---" * (len(METRICS) + 1) + "|"]  # fmt: skip
+    fns = _metric_fns()
+    for name, row in per_game.items():
+        lines.append(f"| {name} | " + " | ".join(f"{fns[m](row):.3f}" for m in METRICS) + " |")
     paired = paired_by_game(runs, arms[0], arms[1], games, seeds) if len(arms) >= 2 else None
     lines += ["", *game_rows(runs, arms, games, seeds, paired)]
     if paired:
@@ -674,10 +696,8 @@ def plots(runs: Sequence[dict[str, Any]], arms: Sequence[str], out_dir: Path) ->
     if games:
         taus = np.linspace(0.0, 2.0, 81)
         scores = {a: score_matrix(runs, a, games, seeds) for a in arms}
-        for label, attr in (("DER (published means)", "der"), ("DrQ (published means)", "drq"),
-                            ("SPR (published means)", "spr")):  # fmt: skip
-            scores[label] = np.array([[BY_NAME[g].normalized(getattr(BY_NAME[g], attr))
-                                       for g in games]])  # fmt: skip
+        for label, field in PUBLISHED.items():
+            scores[f"{label} (published means)"] = published_matrix(field, games)
         profiles, cis = rly.create_performance_profile(scores, taus, reps=2000)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, (name, profile) in enumerate(profiles.items()):

@@ -55,6 +55,33 @@ def test_the_paired_difference_resamples_both_arms_alike() -> None:
     assert independent[2] - independent[1] > 0.1  # alone, the arm's own spread
 
 
+def test_the_table_aggregates_per_game_means_beside_the_published_tables(
+    tmp_path: Path,
+) -> None:
+    """Two games, two seeds: the arm's per-game means are Pong's normalised (0 + 1) / 2 =
+    0.5 and Boxing's (0.25 + 0.75) / 2 = 0.5, so every aggregate of them is 0.5 (the
+    optimality gap 1 - 0.5). DER's published Pong, -19.3, is 1.4 / 35.3 = 0.040 and its
+    Boxing, 0.2, is 0.1 / 12 = 0.008; their IQM, median and mean are 0.024."""
+    pong, boxing = atari100k.BY_NAME["Pong"], atari100k.BY_NAME["Boxing"]
+
+    def raw(game: atari100k.Game, normalised: float) -> float:
+        return game.random + normalised * (game.human - game.random)
+
+    runs = [{"game": g.name, "arm": arm, "seed": seed, "score": raw(g, x), "wall_s": 60.0,
+             "final_eval_s": 6.0, "curve": []}
+            for arm in ("der", "der-epsilon")
+            for g, xs in ((pong, (0.0, 1.0)), (boxing, (0.25, 0.75)))
+            for seed, x in zip((101, 102), xs, strict=True)]  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
+    text = atari100k.table(argparse.Namespace(json=str(tmp_path / "r.json"),
+                                              arms="der,der-epsilon", reps=200))  # fmt: skip
+    assert "| per-game means | IQM | median | mean | optimality gap |" in text
+    assert "| der | 0.500 | 0.500 | 0.500 | 0.500 |" in text
+    assert "| der-epsilon | 0.500 | 0.500 | 0.500 | 0.500 |" in text
+    assert "| DER as published | 0.024 | 0.024 | 0.024 | 0.976 |" in text
+    assert "| DrQ as published |" in text and "| SPR as published |" in text
+
+
 def test_the_flop_count_is_the_networks_own_layers() -> None:
     net = QNetwork((4, 84, 84), 18, (256,), torso="der", dueling=True, num_atoms=51)
     x = torch.zeros(1, 4, 84, 84)
