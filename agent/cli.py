@@ -2,7 +2,7 @@
 evaluate a saved policy, resume an interrupted run.
 
     python run.py --env CartPole-v1                       train with configs/ defaults
-    python run.py --eval RUN_DIR                          its best.pt (else last.pt), on its env
+    python run.py --eval RUN_DIR                          the policy its scores favour, on its env
     python run.py --export RUN_DIR [--format onnx|torch]  a deployable policy, from the same
     python run.py --resume RUN_DIR                        continue from RUN_DIR/checkpoints/last.pt
     python run.py --env CartPole-v1 --seeds 10 [--grid n_step=1,3]   many seeds (agent/sweep/)
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from agent.policies import load_policy, policy_file, replay_flags
 from agent.usage import command, install_hint
 
 __all__ = ["build_parser", "entry", "load_policy", "main"]
@@ -111,13 +112,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="retry a crashed or killed trial N times (default 1)",
     )
+    _policy_arguments(p)
+    return p
+
+
+def _policy_arguments(p: argparse.ArgumentParser) -> None:
+    """The evaluation and export flags: what is done with a saved policy."""
     ev = p.add_argument_group("evaluation")
     ev.add_argument(
         "--eval",
         metavar="CHECKPOINT",
-        help="evaluate a saved policy: a .pt file, or a run directory (its best.pt, else last.pt)",
+        help="evaluate a saved policy: a .pt file, or a run directory (its best.pt where its "
+        "confirmed score beats last.pt's final one, else last.pt; a line says which)",
     )
     ev.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (default 10)")
+    ev.add_argument(
+        "--stream", type=int, default=2, metavar="N",
+        help="seed stream of the episodes (default 2, which training never plays; result.json's "
+        "final_eval_episodes and best_eval_episodes name the stream and round of its scores)",
+    )  # fmt: skip
+    ev.add_argument(
+        "--round", type=int, default=0, metavar="N", help="round of the episodes (default 0)"
+    )
+    ev.add_argument(
+        "--epsilon", type=float, metavar="P",
+        help="probability of a uniform random action each step (default: the checkpoint's "
+        "eval_epsilon, as the run evaluated)",
+    )  # fmt: skip
     ev.add_argument(
         "--noise",
         choices=["on", "off"],
@@ -138,7 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="onnx (default; or from --out's suffix) or torch (torch.export, .pt2)",
     )
     ex.add_argument("--out", metavar="FILE", help="default: beside the checkpoint, e.g. best.onnx")
-    return p
 
 
 def list_config() -> int:
@@ -307,14 +327,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     import torch
 
-    from agent import streams
     from agent.acting import ActionSelector
-    from agent.evaluate import EvaluationStopped, format_return, json_ready, run_episodes
+    from agent.evaluate import (
+        EvaluationStopped,
+        episodes_named,
+        format_return,
+        json_ready,
+        run_episodes,
+    )
     from agent.signals import StopSignals
     from envs import make_env
 
     if args.episodes < 1:
         _user_error(f"--episodes must be >= 1, got {args.episodes}")
+    for flag, value in (("--stream", args.stream), ("--round", args.round)):
+        if value < 0:
+            _user_error(f"{flag} must be >= 0, got {value}")
+    if args.epsilon is not None and not 0 <= args.epsilon <= 1:
+        _user_error(f"--epsilon must be in [0, 1], got {args.epsilon}")
     checkpoint = policy_file(args.eval)
     data, cfg, spec, env_options, q_network = load_policy(checkpoint, args.env, args.device)
     env_id = spec.env_id
@@ -327,6 +357,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         envs = [make_env(env_id, **env_options) for _ in range(min(args.episodes, 10))]
     seed = cfg.seed if args.seed is None else args.seed
+    epsilon = cfg.eval_epsilon if args.epsilon is None else args.epsilon
     torch.manual_seed(seed)
     selector = ActionSelector(
         q_network, spec.obs_shape, len(envs), device, noise=args.noise == "on"
@@ -335,7 +366,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         with stop:
             result = run_episodes(selector, envs, args.episodes, seed=seed,
-                                  stream=streams.CLI_EVAL, stop=stop.requested)
+                                  round_index=args.round, stream=args.stream, epsilon=epsilon,
+                                  n_actions=spec.n_actions, stop=stop.requested)  # fmt: skip
     except EvaluationStopped as e:
         assert stop.received is not None
         print(f"interrupted ({signal.Signals(stop.received).name}) after {e.played} of "
@@ -345,10 +377,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:
         for env in envs:
             env.close()  # with --video, writes the last video
+    episodes = episodes_named(seed, args.stream, args.round, args.episodes, epsilon)
     print(
         f"{env_id}: mean return {format_return(result.mean)} +/- {format_return(result.std)} "
-        f"over {args.episodes} "
-        f"episodes (noise {args.noise}, checkpoint {checkpoint})"
+        f"(standard error {format_return(result.standard_error)}) over {args.episodes} "
+        f"episodes (noise {args.noise}, checkpoint {checkpoint}; {replay_flags(episodes)})"
     )
     if args.video:
         print(f"videos written to {args.video}")
@@ -367,8 +400,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     "success_rate": result.success_rate,
                     "mean_length": float(result.lengths.mean()),
                     "noise": args.noise,
+                    "standard_error": result.standard_error,
                     "checkpoint": str(checkpoint),
                     "trained_steps": int(data["counters"]["global_step"]),
+                    "episode_seeds": episodes,
                 })
             )
         )
@@ -418,63 +453,6 @@ def _track_videos(checkpoint: Path, cfg: Any, video_dir: Path, step: int) -> Non
     finally:
         tracker.close()
     print(f"{len(videos)} video(s) sent to W&B run {tracker.run.id} ({cfg.wandb_project})")
-
-
-def policy_file(path: str | Path) -> Path:
-    """The checkpoint that ``--eval`` and ``--export`` take for ``path``: a file as it is;
-    for a run directory (or its ``checkpoints/``), its ``best.pt`` (the policy of the best
-    periodic evaluation), else its ``last.pt`` (a run without periodic evaluations), as a
-    printed line says."""
-    path = Path(path)
-    if not path.is_dir():
-        return path
-    folder = path if path.name == "checkpoints" else path / "checkpoints"
-    best, last = folder / "best.pt", folder / "last.pt"
-    if best.is_file():
-        print(f"checkpoint: {best}, the policy of the run's best periodic evaluation")
-        return best
-    if last.is_file():
-        print(f"checkpoint: {last}, the run's latest policy (no best.pt: it made no "
-              "periodic evaluation)")  # fmt: skip
-        return last
-    _user_error(
-        f"{path} holds no checkpoints/best.pt or last.pt: give a run directory or a "
-        f"checkpoint file that {command()} wrote"
-    )
-
-
-def load_policy(
-    path: str | Path, env_id: str | None, device: str | None
-) -> tuple[dict[str, Any], Any, Any, dict[str, Any], Any]:
-    """(checkpoint, its config, the env's spec, the env's options, online network) for
-    ``--eval`` and ``--export``; ``env_id`` None means the checkpoint's own env.
-
-    The training env's options (``env_kwargs`` and ``wrappers``, as keyword arguments of
-    ``make_env``) apply when the env is the training env.
-    One torch thread: these are batch-1 forwards while playing the env.
-    """
-    import torch
-
-    from agent.checkpoint import check_compatible, load_checkpoint
-    from agent.config_files import config_from_dict
-    from agent.train import build_q_network, resolve_device
-    from envs import inspect_env
-
-    data = load_checkpoint(path)
-    cfg = config_from_dict(dict(data["config"]), str(path))
-    env_id = env_id or data["env_id"]
-    same = env_id == data["env_id"]
-    env_options = {
-        "env_kwargs": cfg.env_kwargs if same else {},
-        "wrappers": cfg.wrappers if same else [],
-    }
-    spec = inspect_env(env_id, **env_options)
-    check_compatible(data, env_id, spec.obs_shape, spec.n_actions)
-    torch.set_num_threads(1)
-    on = resolve_device(device or "auto")
-    q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, on, spec.obs_dtype)
-    q_network.load_state_dict(data["q_network"])
-    return data, cfg, spec, env_options, q_network
 
 
 def _user_error(message: str) -> NoReturn:

@@ -41,8 +41,11 @@ class Config:
     """Environment steps to train for (summed over vector sub-environments)."""
     num_envs: int = 1
     """Sub-environments stepped together in one gymnasium vector env."""
-    vector: Literal["sync", "async"] = "sync"
-    """Vector env kind: ``sync`` (one process) or ``async`` (one subprocess per env)."""
+    vector: Literal["sync", "async", "ale"] = "sync"
+    """Vector env kind: ``sync`` (one process), ``async`` (one subprocess per env) or, for
+    ALE games, ``ale``: ale-py's ``AtariVectorEnv``, the copies stepped by C++ threads with
+    the same preprocessing (its no-ops drawn by the ALE, so not the same episodes; no
+    ``wrappers``; a resume starts the interrupted episodes afresh)."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. Small MLPs (classic
     control) train faster on the CPU: an eager update on a GPU is launch-bound."""
@@ -209,6 +212,12 @@ class Config:
     final_episodes: int | None = None
     """Episodes of the final evaluation, whose mean is the run's score (result.json's
     final_eval_return); null: confirm_episodes, or eval_episodes when that is 0."""
+    best_confirm_episodes: int | None = None
+    """Fresh episodes that confirm a candidate for best.pt: a periodic round whose mean beats
+    best.pt's confirmed score by more than confirm_z of its standard errors (the first
+    round always) plays them, and its policy replaces best.pt when their mean beats
+    best.pt's (result.json's best_eval_return). An early stop's confirmation counts as
+    one. null: confirm_episodes; 0: best.pt is the best periodic round, unconfirmed."""
     eval_epsilon: float = 0.0
     """Probability of a uniform random action at each step of every evaluation (the
     periodic ones, the confirmation and the final one), on top of the noise-free greedy
@@ -218,11 +227,13 @@ class Config:
     eval_envs: int = 10
     """Environment copies that play evaluation episodes at once, one batched action per
     step (at most the episodes of a round)."""
-    eval_vector: Literal["sync", "async"] = "sync"
+    eval_vector: Literal["sync", "async", "ale"] = "sync"
     """How the evaluation copies step: ``sync``, one after another in this process;
     ``async``, each in a worker process of its own, all at once (on several cores, the
-    final 100 Atari episodes in a fraction of the time; the same scores). Not with
-    ``--seeds``, whose every seed would start its own workers."""
+    final 100 Atari episodes in a fraction of the time; the same scores); ``ale``, an ALE
+    game's copies in ale-py's ``AtariVectorEnv`` (C++ threads; its own no-ops, so other
+    episodes than sync's and async's). Not async with ``--seeds``, whose every seed would
+    start its own workers."""
     confirm_z: float = 1.645
     """The confirming mean minus confirm_z standard errors must reach target_return: 1.645
     is a one-sided 95% confidence that the policy, not the luck of its episodes, is at the
@@ -371,6 +382,11 @@ class Config:
             self.final_episodes is None or self.final_episodes >= 1,
             f"final_episodes must be >= 1 or null, got {self.final_episodes}",
             "--set final_episodes=100 (or null)",
+        )
+        need(
+            self.best_confirm_episodes is None or self.best_confirm_episodes >= 0,
+            f"best_confirm_episodes must be >= 0 or null, got {self.best_confirm_episodes}",
+            "--set best_confirm_episodes=100 (or null)",
         )
         need(
             0 <= self.eval_epsilon <= 1,

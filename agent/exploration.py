@@ -105,6 +105,7 @@ class Exploration:
         self.decay_steps = epsilon_fraction * total_steps
         self.epsilon = epsilon_start if kind == "epsilon" else noisy_epsilon
         """The probability of a random action at the last step asked (for the logs)."""
+        self._off_greedy = [0, 0]  # actions played off the noise-free greedy ones, of those seen
 
     @property
     def noisy(self) -> bool:
@@ -154,8 +155,23 @@ class Exploration:
             actions = self.rng.integers(self.n_actions, size=len(actions))  # fill replay
         return actions, explored
 
+    def off_greedy(self, played: np.ndarray, greedy: np.ndarray, step: int) -> None:
+        """Count the actions ``played`` at ``step`` that differ from the noise-free greedy
+        ``greedy`` ones (a sample of the steps is enough); the warm-up's are not the
+        policy's and are not counted."""
+        if step >= self.random_starts:
+            self._off_greedy[0] += int(np.count_nonzero(played != greedy))
+            self._off_greedy[1] += len(played)
+
     def scalars(self) -> dict[str, float]:
-        """``charts/epsilon`` where there is one: the schedule, or the noisy agent's floor."""
+        """``charts/epsilon`` where there is one: the schedule, or the noisy agent's floor;
+        ``exploration/off_greedy_fraction``: the share of the actions counted by
+        :meth:`off_greedy` since the last call that were not the noise-free greedy ones."""
+        scalars = {}
         if self.kind == "epsilon" or self.noisy_epsilon > 0:
-            return {"charts/epsilon": self.epsilon}
-        return {}
+            scalars["charts/epsilon"] = self.epsilon
+        off, seen = self._off_greedy
+        if seen:
+            scalars["exploration/off_greedy_fraction"] = off / seen
+        self._off_greedy = [0, 0]
+        return scalars

@@ -67,6 +67,13 @@ class Counters:
     episodes: int = 0
     eval_round: int = 0
     best_eval: float | None = None
+    """best.pt's score: the mean of the fresh episodes that confirmed it, or, unconfirmed
+    (``best_confirmed`` False), the mean of its periodic round."""
+    best_confirmed: bool = False
+    best_step: int | None = None
+    """Env steps when best.pt's policy was saved."""
+    best_episodes: dict[str, Any] | None = None
+    """The episodes that measured ``best_eval`` (:func:`agent.evaluate.episodes_named`)."""
     solved_step: int | None = None
     learning_starts: int = 0
     """Env step from which updates run: ``learning_starts``, pushed back by a resume
@@ -97,6 +104,10 @@ class Agent:
     update: Callable[[Batch], torch.Tensor]
     """``learner.update``, or on CUDA with ``capture_graph`` the same captured as a graph:
     a batch in, its per-sample errors out (for prioritized replay)."""
+    noise_free: ActionSelector | None = None
+    """The noisy agent's actions had its noise been off, one per training env: what
+    ``exploration/off_greedy_fraction`` compares the played ones with (None for
+    epsilon-greedy, whose selector acts on the mean weights already)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -196,7 +207,7 @@ def check_observations(cfg: Config, spec: EnvSpec) -> None:
 
 
 def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
-    """Online and target networks, replay, the two selectors and the learner of a run."""
+    """Online and target networks, replay, the selectors and the learner of a run."""
     q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device, spec.obs_dtype)
     target_network = copy.deepcopy(q_network).requires_grad_(False)  # it never learns
     # Image stacks (C, H, W) of integer frames: each frame stored once (agent/replay/frames.py).
@@ -250,7 +261,12 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
     capture = update_capture(device, cfg.capture_graph)
     update = learner.update if capture is None else CapturedUpdate(learner, capture)
-    return Agent(q_network, target_network, replay, selector, greedy, learner, exploration, update)
+    noise_free = None
+    if exploration.noisy:  # seeded: building it draws nothing from torch's generator
+        noise_free = ActionSelector(q_network, spec.obs_shape, cfg.num_envs, device, noise=False,
+                                    seed=0, capture_graph=cfg.capture_graph)  # fmt: skip
+    return Agent(q_network, target_network, replay, selector, greedy, learner, exploration,
+                 update, noise_free)  # fmt: skip
 
 
 def build_exploration(cfg: Config, n_actions: int) -> Exploration:
@@ -377,12 +393,13 @@ def prepare_run(
     envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.vector, cfg.env_kwargs, cfg.wrappers)
     cleanup.callback(close_quietly, envs)
     # Evaluation plays up to eval_envs episodes at once on its own env copies: envs of
-    # this process, or one vector env of worker processes (eval_vector async).
+    # this process, or one vector env (eval_vector async or ale).
     episodes = max(cfg.eval_episodes, cfg.final_episodes or cfg.confirm_episodes)
     copies = min(cfg.eval_envs, episodes)
     eval_envs: list[gym.Env] | gym.vector.VectorEnv
-    if cfg.eval_vector == "async":
-        eval_envs = make_vector_env(cfg.env_id, copies, "async", cfg.env_kwargs, cfg.wrappers)
+    if cfg.eval_vector != "sync":
+        eval_envs = make_vector_env(cfg.env_id, copies, cfg.eval_vector, cfg.env_kwargs,
+                                    cfg.wrappers)  # fmt: skip
         cleanup.callback(close_quietly, eval_envs)
     else:
         eval_envs = [

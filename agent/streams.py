@@ -16,6 +16,8 @@ EXPLORATION    2       ``np.random.default_rng([seed, 2])``: epsilon, the floor,
                        warm-up (a two-word entropy: no overlap with CLI_EVAL's four)
 PROBE          3       ``episode_seed(seed, 0, step, 3)``: the exploration probe at a log
 AUGMENT        4       ``SeedSequence([seed, 4])``: the batch augmentation's generator
+BEST           5       ``episode_seed(seed, round, episode, 5)``: the episodes that confirm
+                       periodic round ``round``'s policy as a candidate for ``best.pt``
 GROUP_ACT      10      ``SeedSequence([seed, 10])``: a stacked seed's acting noise
 GROUP_UPDATE   11      ``SeedSequence([seed, 11])``: a stacked seed's update noise
 =============  ======  ==========================================================
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "AUGMENT",
+    "BEST",
     "CLI_EVAL",
     "EVAL",
     "EXPLORATION",
@@ -45,5 +48,6 @@ CLI_EVAL = 2
 EXPLORATION = 2
 PROBE = 3
 AUGMENT = 4
+BEST = 5
 GROUP_ACT = 10
 GROUP_UPDATE = 11

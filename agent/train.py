@@ -83,6 +83,9 @@ __all__ = [
 
 # Replay states behind the exploration/* scalars, drawn at each log (batch_size at a time).
 PROBE_STATES = 256
+# Every this many vector steps, the played actions are set against the noise-free greedy
+# ones (exploration/off_greedy_fraction): a sample keeps the extra forward's cost small.
+OFF_GREEDY_EVERY = 4
 
 
 @dataclass
@@ -99,6 +102,8 @@ class TrainResult:
     solved_step: int | None
     """Env steps when the confirmed noise-free evaluation first reached target_return."""
     best_eval_return: float | None
+    """best.pt's score: the mean of the fresh episodes that confirmed its policy
+    (``best_confirmed``), or the mean of its periodic round where none confirmed it."""
     final_eval_return: float | None
     """Mean noise-free return of the final policy over final_episodes fresh episodes
     (never the evaluation that decided an early stop: that one is biased upwards)."""
@@ -114,6 +119,18 @@ class TrainResult:
     approximate (:func:`agent.checkpoint.buffer_left_out`), or None: with it, exact."""
     final_eval_wall_s: float | None = None
     """Wall seconds of the final evaluation (included in ``wall_time_s``)."""
+    final_eval_mean_length: float | None = None
+    """Mean episode length (agent steps) of the final evaluation."""
+    final_eval_episodes: dict[str, Any] | None = None
+    """The episodes of ``final_eval_return``: seed, stream, round, episodes, epsilon, as
+    ``run.py --eval RUN_DIR/checkpoints/last.pt`` replays them (docs/evaluation.md)."""
+    best_confirmed: bool = False
+    """Whether fresh episodes, not the round that picked it, measured best_eval_return
+    (False: ``best_confirm_episodes: 0``, or none confirmed yet)."""
+    best_step: int | None = None
+    """Env steps when best.pt's policy was saved."""
+    best_eval_episodes: dict[str, Any] | None = None
+    """The episodes of ``best_eval_return``, as ``final_eval_episodes`` names them."""
     pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Each piece of the run, its start then each resume: ``machine`` (the CPU, its torch
     threads, the GPU on CUDA), ``software`` (Python and the package versions),
@@ -256,6 +273,11 @@ class Learning(Protocol):
         policy asks for it."""
         ...
 
+    def noise_free(self, obs: list[np.ndarray], actions: np.ndarray) -> np.ndarray:
+        """Each member's greedy actions ``(S, n)`` with the noise off, for the observations
+        that :meth:`act` just gave ``actions`` for (which they are, without noise)."""
+        ...
+
     def update(self, batches: list[Batch]) -> None:
         """One gradient step per member on its batch; priorities back to its replay."""
         ...
@@ -288,6 +310,10 @@ class OwnAgent:
     def act(self, obs: list[np.ndarray]) -> np.ndarray:
         agent = self.agent
         return agent.selector(obs[0], agent.exploration.fresh_noise())[None]
+
+    def noise_free(self, obs: list[np.ndarray], actions: np.ndarray) -> np.ndarray:
+        selector = self.agent.noise_free
+        return actions if selector is None else selector(obs[0])[None]
 
     def update(self, batches: list[Batch]) -> None:
         # per-sample errors, for a prioritized replay's priorities
@@ -330,10 +356,14 @@ def train_loop(
         return
     while members:
         # --- act: greedy on a noisy net; the exploration policy on top, in env_step ---
-        actions = learning.act([m.run.obs for m in members])  # (S, n) int64: the host read
-        for member, member_actions in zip(members, actions, strict=True):
+        obs = [m.run.obs for m in members]
+        actions = learning.act(obs)  # (S, n) int64: the host read
+        # On a sample of steps, what the agent would play with the noise off.
+        probe = counters.global_step // n % OFF_GREEDY_EVERY == 0
+        greedy = learning.noise_free(obs, actions) if probe else [None] * len(members)
+        for member, member_actions, member_greedy in zip(members, actions, greedy, strict=True):
             # --- step the environments: transitions into replay, ended episodes reset ---
-            env_step(member.run, member.monitor, member_actions)
+            env_step(member.run, member.monitor, member_actions, member_greedy)
         step = counters.global_step
         if bar is not None:
             bar.update(n)
@@ -387,14 +417,19 @@ def train_loop(
                 counters = members[0].run.counters
 
 
-def env_step(run: Run, monitor: Monitor, actions: np.ndarray) -> None:
+def env_step(
+    run: Run, monitor: Monitor, actions: np.ndarray, greedy: np.ndarray | None = None
+) -> None:
     """One step of the run's environments with its selector's ``actions``: the exploration
     policy on top, the real transitions into replay, ended episodes logged and their envs
     reset, repeats told to the policy; ``run.obs`` becomes the next observations. Both
-    loops take their steps here (a single run's, and each seed's of a group)."""
+    loops take their steps here (a single run's, and each seed's of a group). ``greedy``:
+    the noise-free greedy actions, where this step is one the off-greedy share samples."""
     cfg, counters, episodes, explore = run.cfg, run.counters, run.episodes, run.agent.exploration
     # explored: (n,) bool where the floor's random action replaced the policy's
     actions, explored = explore(actions, counters.global_step)
+    if greedy is not None:
+        explore.off_greedy(actions, greedy, counters.global_step)
     next_obs, rewards, terminated, truncated, info = run.envs.step(actions)
     counters.global_step += cfg.num_envs
     life_lost = episodes.step(actions, rewards, info)
@@ -435,9 +470,18 @@ def run_outputs(
         confirm_z=cfg.confirm_z, target_return=run.target_return,
         early_stop=cfg.early_stop, curve=run.eval_curve, log=monitor.scalars,
         on_best=lambda: checkpoints.save_best(current_obs()),
-        final_episodes=cfg.final_episodes, epsilon=cfg.eval_epsilon, n_actions=run.spec.n_actions,
+        final_episodes=cfg.final_episodes, best_confirm_episodes=_best_confirm_episodes(cfg),
+        epsilon=cfg.eval_epsilon, n_actions=run.spec.n_actions,
     )  # fmt: skip
     return monitor, checkpoints, evaluate
+
+
+def _best_confirm_episodes(cfg: Config) -> int:
+    """The fresh episodes that confirm a candidate for best.pt (``best_confirm_episodes``,
+    null: ``confirm_episodes``)."""
+    if cfg.best_confirm_episodes is None:
+        return cfg.confirm_episodes
+    return cfg.best_confirm_episodes
 
 
 def finish_run(
@@ -481,6 +525,11 @@ def finish_run(
         learner_backend=learner_backend or learner.backend,
         buffer_left_out=checkpoints.buffer_left_out,
         final_eval_wall_s=evaluate.final_wall_s,
+        final_eval_mean_length=evaluate.final_mean_length if final_eval is not None else None,
+        final_eval_episodes=evaluate.final_played if final_eval is not None else None,
+        best_confirmed=counters.best_confirmed,
+        best_step=counters.best_step,
+        best_eval_episodes=counters.best_episodes,
         pieces=checkpoints.pieces(wall),
     )
     (run.run_dir / "result.json").write_text(json.dumps(json_ready(result.__dict__), indent=2))

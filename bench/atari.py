@@ -2,6 +2,7 @@
 
     python -m bench.atari                  # Pong, 1 and 8 sync envs (about a minute on 2 cores)
     python -m bench.atari --async          # also async (subprocess) envs, for each num_envs > 1
+    python -m bench.atari --ale            # also ale-py's AtariVectorEnv (vector: ale)
     python -m bench.atari --quick          # shorter runs
     python -m bench.atari --device cuda    # the same runs with the learner and acting on the GPU
     python -m bench.atari --envs 1,4,16    # other num_envs values
@@ -193,7 +194,7 @@ def breakdown(
 
 def sps_runs(env_id: str, env_counts: list[int], use_async: bool, device: str,
              quick: bool, config: str | None = None,
-             extra: dict[str, Any] | None = None) -> None:
+             extra: dict[str, Any] | None = None, use_ale: bool = False) -> None:
     """The memory table, then the acting and learning SPS of one short run per num_envs."""
     memory_table()
     print()
@@ -202,6 +203,8 @@ def sps_runs(env_id: str, env_counts: list[int], use_async: bool, device: str,
     runs = [(n, "sync") for n in env_counts]
     if use_async:
         runs += [(n, "async") for n in env_counts if n > 1]
+    if use_ale:
+        runs += [(n, "ale") for n in env_counts]
     for n, kind in runs:
         log = 160 if n == 1 else 320
         acting = (800 if quick else 2_400) * (2 if n > 1 else 1)
@@ -232,6 +235,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="ALE/Pong-v5")
     parser.add_argument("--async", dest="use_async", action="store_true")
+    parser.add_argument("--ale", dest="use_ale", action="store_true",
+                        help="also ale-py's AtariVectorEnv (vector: ale), for each num_envs")
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer timed calls")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the networks and the learner live (default cpu)")
@@ -274,7 +279,7 @@ def measure(args: argparse.Namespace, env_counts: list[int]) -> None:
     print(f"# {args.env}{preset}{on}: {machine()}")
     if not args.no_sps:
         sps_runs(args.env, env_counts, args.use_async, args.device, args.quick, args.config,
-                 args.extra)
+                 args.extra, args.use_ale)
     if args.breakdown:
         for n in env_counts:
             try:

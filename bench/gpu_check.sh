@@ -237,8 +237,8 @@ pong)
     # Pong in about 400k agent steps (32 sampled transitions per env step, learning from
     # 10k, a 100k replay, the target every 1,000 env steps), spent as a batch of 64 every
     # 2 env steps: on a GPU an update of 64 costs about what one of 32 does. Frames in GPU
-    # memory when their gpu tests pass here, else pinned host frames. 16 async envs, and
-    # the evaluation's 4 copies in worker processes of their own, all at once, so that
+    # memory when their gpu tests pass here, else pinned host frames. 16 envs in ale-py's
+    # AtariVectorEnv (C++ threads), and the evaluation's 4 copies in another, so that
     # the evaluations every 25k steps hold training up less. The evaluation plays at
     # epsilon 0.001, as the Atari protocols do: a greedy Pong policy can hold a rally up
     # to the game's cap of 108k frames (docs/research/log.md#gpu-2026-11-28b). It stops
@@ -257,7 +257,7 @@ pong)
     limit=520
     [ "$BUDGET" -gt 0 ] && limit=$((BUDGET - SECONDS - 90))
     train pong "$limit" "$r" --env PongNoFrameskip-v4 --seed 1 --set num_envs=16 \
-        --set vector=async --set eval_vector=async --set batch_size=64 --set train_freq=2 \
+        --set vector=ale --set eval_vector=ale --set batch_size=64 --set train_freq=2 \
         --set replay_storage=$storage --set learning_starts=10000 \
         --set random_starts=10000 --set buffer_size=100000 --set target_update_interval=1000 \
         --set total_steps=1000000 --set eval_interval=25000 --set eval_episodes=4 \
@@ -275,16 +275,16 @@ pong)
 figures)
     # The figures the docs still lack, most wanted first, for what a lease has left after
     # pong (BUDGET caps it): the gpu tests (one fixed since the last lease); Pong's
-    # steps/s with 16 envs, frames on the host (pinned staging) and in GPU memory
-    # (replay_storage=device), against the 3x of 702; 256 CartPole seeds in one
+    # steps/s with 16 envs, async and ale-py's AtariVectorEnv, frames on the host (pinned
+    # staging) and in GPU memory (replay_storage=device), against 2,132; 256 CartPole seeds in one
     # process against one seed alone; where a DER step's time goes, both ways. (CartPole
     # end to end was measured on the H200; it stays in verify. A whole DER run has its
     # own phase: der.)
     step pytest_gpu 120 $PY -m pytest -m gpu -q -rs -p no:cacheprovider
     grep -E "passed|failed|error" "$LOGS/pytest_gpu.log" | tail -n 1
     for frames in pinned device; do
-        step "bench_atari_$frames" 80 $PY -m bench.atari --device cuda --envs 16 --async \
-            --breakdown --set "replay_storage=$frames"
+        step "bench_atari_$frames" 120 $PY -m bench.atari --device cuda --envs 16 --async \
+            --ale --breakdown --set "replay_storage=$frames"
         sed -n '/^|/p' "$LOGS/bench_atari_$frames.log"
     done
     step bench_seed_group 240 $PY -m bench.seed_group speed --seeds 256 --steps 2000 \

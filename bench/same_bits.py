@@ -5,6 +5,9 @@ to a digest of everything its ``last.pt`` and ``result.json`` hold but wall time
     python -m bench.same_bits --checkout ../old --out old.json   # another one (a worktree)
     python -m bench.same_bits --compare old.json new.json  # exit 1 where a trajectory differs
 
+A checkout that records more than the other (a new counter in ``last.pt``, a new field
+in ``result.json``) is compared on the entries both hold, and the new ones are named.
+
 A refactor that claims to change nothing runs it on both commits; a landing during report
 runs checks that their configurations still reproduce. Every case is a ``run.py`` command,
 run in the checkout it names, one torch thread.
@@ -103,6 +106,18 @@ def _digest(value: object, h: hashlib._Hash, skip: frozenset = frozenset()) -> N
         h.update(repr(value).encode())
 
 
+def _entries(value: object, prefix: str, out: dict[str, str]) -> None:
+    """A digest of each entry of ``value`` (nested dicts down to their leaves) by path."""
+    if isinstance(value, dict):
+        for key in value:
+            if key not in _WALL:
+                _entries(value[key], f"{prefix}/{key}", out)
+        return
+    h = hashlib.sha256()
+    _digest(value, h)
+    out[prefix] = h.hexdigest()[:16]
+
+
 def run_digests(names: list[str], root: Path, work: Path, out=sys.stdout) -> dict[str, str]:
     """Each case's digest, trained by ``root``'s run.py in a directory under ``work``."""
     digests = {}
@@ -121,16 +136,50 @@ def run_digests(names: list[str], root: Path, work: Path, out=sys.stdout) -> dic
             print(f"{name}: failed ({last})", file=out)
             continue
         full, trajectory = hashlib.sha256(), hashlib.sha256()
+        entries: dict[str, str] = {}
         for path in sorted(run_dir.rglob("last.pt")) + sorted(run_dir.rglob("result.json")):
             data = (torch.load(path, weights_only=True) if path.suffix == ".pt"
                     else json.loads(path.read_text()))  # fmt: skip
             for h, skip in ((full, frozenset()), (trajectory, frozenset(_STREAMS))):
                 h.update(str(path.relative_to(run_dir)).encode())
                 _digest(data, h, skip)
-        digests[name] = {"trajectory": trajectory.hexdigest(), "full": full.hexdigest()}
+            _entries({k: v for k, v in data.items() if k not in _STREAMS},
+                     str(path.relative_to(run_dir)), entries)  # fmt: skip
+        digests[name] = {"trajectory": trajectory.hexdigest(), "full": full.hexdigest(),
+                         "entries": entries}  # fmt: skip
         print(f"{name}: {digests[name]['trajectory'][:16]} ({time.perf_counter() - start:.0f} s)",
               file=out)  # fmt: skip
     return digests
+
+
+def compare(a: dict, b: dict) -> tuple[list[str], bool]:
+    """A line per case both digest files hold, and whether a trajectory differs."""
+    lines, differ = [], False
+    for k in sorted(a.keys() & b.keys()):
+        failed = [d[k] for d in (a, b) if isinstance(d[k], str)]
+        if failed:
+            lines.append(f"{k}: not compared ({failed[0]})")
+            continue
+        if a[k]["trajectory"] == b[k]["trajectory"]:
+            laid_out = a[k]["full"] != b[k]["full"]
+            lines.append(f"{k}: same" + (" (the random streams' saved states are laid out "
+                                         "otherwise)" if laid_out else ""))  # fmt: skip
+            continue
+        if not ("entries" in a[k] and "entries" in b[k]):
+            lines.append(f"{k}: DIFFERENT")
+            differ = True
+            continue
+        # A checkout that records more (a new counter, a new result field) differs in its
+        # digest alone: the entries both hold decide.
+        ea, eb = a[k]["entries"], b[k]["entries"]
+        changed = sorted(e for e in ea.keys() & eb.keys() if ea[e] != eb[e])
+        if changed:
+            lines.append(f"{k}: DIFFERENT: {', '.join(changed)}")
+            differ = True
+        else:
+            lines.append(f"{k}: same on the {len(ea.keys() & eb.keys())} entries both hold; "
+                         f"only in one: {', '.join(sorted(ea.keys() ^ eb.keys()))}")
+    return lines, differ
 
 
 def main() -> None:
@@ -142,17 +191,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.compare:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
-        differ = False
-        for k in sorted(a.keys() & b.keys()):
-            failed = [d[k] for d in (a, b) if isinstance(d[k], str)]
-            if failed:
-                print(f"{k}: not compared ({failed[0]})")
-                continue
-            same = a[k]["trajectory"] == b[k]["trajectory"]
-            states = "" if a[k]["full"] == b[k]["full"] else " (the random streams' saved " \
-                "states are laid out otherwise)"
-            print(f"{k}: {'same' if same else 'DIFFERENT'}{states if same else ''}")
-            differ |= not same
+        lines, differ = compare(a, b)
+        print("\n".join(lines))
         sys.exit(1 if differ else 0)
     names = [n for n in args.cases.split(",") if n]
     with tempfile.TemporaryDirectory() as work:

@@ -8,7 +8,8 @@ thread. For each S it times, as medians of single calls (repeats interleaved, so
 hits every variant):
 
 * one seed alone: ``Learner.update`` with the backend training picks (``auto``: the
-  numpy program on a CPU), and an ``ActionSelector`` call on one observation;
+  numpy program on a CPU), and an ``ActionSelector`` call on one observation (its noise
+  held: ``fresh_noise=False``);
 * S seeds stacked (``agent.seeds``): ``SeedLearner.update`` on ``(S, 32, 4)`` batches,
   and the stacked network's forward and argmax on ``(S, 1, 4)`` observations under
   ``torch.inference_mode()`` (the acting noise held, as it is within an episode);
@@ -63,9 +64,9 @@ def variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
     single = networks(1)[0]
     learner = Learner(single, copy.deepcopy(single), lr=LR)
     batch = make_batch((BATCH,), torch.device("cpu"))
-    selector = ActionSelector(single, (4,), 1, "cpu", noise_interval=None)  # noise held
+    selector = ActionSelector(single, (4,), 1, "cpu")
     obs = np.zeros((1, 4), dtype=np.float32)
-    selector(obs)  # picks its backend at the first call
+    selector(obs)  # picks its backend and draws the noise that the timed calls hold
 
     stacked = stack_networks(networks(seeds)).to(device)
     generators = [torch.Generator(device=device).manual_seed(i) for i in range(seeds)]
@@ -81,7 +82,7 @@ def variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
     return {
         f"update, one seed ({learner.backend})": (lambda: learner.update(batch), 1),
         f"update, {seeds} stacked": (lambda: seed_learner.update(stacked_batch), seeds),
-        f"act, one seed ({selector.backend})": (lambda: selector(obs), 1),
+        f"act, one seed ({selector.backend})": (lambda: selector(obs, fresh_noise=False), 1),
         f"act, {seeds} stacked": (act_stacked, seeds),
     }
 

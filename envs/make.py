@@ -449,7 +449,10 @@ def make_vector_env(
     env_kwargs: Mapping[str, Any] | None = None,
     wrappers: Sequence[WrapperSpec] | None = None,
 ) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``env_id`` that the caller resets itself (autoreset disabled)."""
+    """``num_envs`` copies of ``env_id`` that the caller resets itself (autoreset disabled):
+    ``sync``, stepped one after another in this process; ``async``, each in a worker
+    process; ``ale``, an ALE game's copies in ale-py's ``AtariVectorEnv``, stepped by C++
+    threads with the same preprocessing (:mod:`envs.ale_vector`)."""
     if num_envs < 1:
         raise UserError(f"num_envs must be >= 1, got {num_envs}: pass --num-envs 1 or more")
     check_env_id(env_id)
@@ -474,7 +477,31 @@ def make_vector_env(
             return make_env(env_id, env_kwargs=kwargs, wrappers=wrapper_specs)
 
         return gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=mode)
-    raise UserError(f"vector must be 'sync' or 'async', got {vector!r}: use --set vector=sync")
+    if vector == "ale":
+        return _ale_vector_env(env_id, num_envs, kwargs, wrapper_specs)
+    raise UserError(
+        f"vector must be 'sync', 'async' or 'ale', got {vector!r}: use --set vector=sync"
+    )
+
+
+def _ale_vector_env(
+    env_id: str, num_envs: int, env_kwargs: Mapping[str, Any], wrappers: Sequence[WrapperSpec]
+) -> gym.vector.VectorEnv:
+    """ale-py's ``AtariVectorEnv`` with :func:`make_atari`'s protocol (:mod:`envs.ale_vector`)."""
+    from envs.ale_vector import AleVectorEnv
+
+    if not is_atari(env_id):
+        raise UserError(
+            f"vector=ale steps ALE games only, and {env_id} is not one: --set vector=sync"
+        )
+    if wrappers:
+        raise UserError(
+            "vector=ale cannot apply wrappers: AtariVectorEnv's copies live in C++; "
+            "--set vector=async applies them"
+        )
+    return AleVectorEnv(env_id, num_envs, env_kwargs, frame_skip=ATARI_FRAME_SKIP,
+                        screen_size=ATARI_SCREEN_SIZE, frame_stack=ATARI_FRAME_STACK,
+                        noop_max=ATARI_NOOP_MAX)  # fmt: skip
 
 
 def episode_seed(seed: int, env_index: int, episode: int, stream: int = 0) -> int:

@@ -8,6 +8,7 @@ on the ``meta`` device. Tests marked ``gpu`` capture real CUDA graphs.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -238,33 +239,48 @@ def test_noise_switch(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_noise_interval(kind: str) -> None:
+def test_noise_is_drawn_exactly_at_the_calls_that_ask(kind: str) -> None:
     net = NETWORKS["noisy"]()
-    selector = make_selector(kind, net, 8, noise_interval=3)
+    selector = make_selector(kind, net, 8)
     rng = np.random.default_rng(6)
+    asked = [True, False, False, True, False, True, True]
     changed = []
     before = noise_snapshot(net)
-    for _ in range(7):
+    for fresh in asked:
         obs = observations((4,), 8, rng)
-        actions = selector(obs)
+        actions = selector(obs, fresh_noise=fresh)
         after = noise_snapshot(net)
-        changed.append(not same_noise(before, after))
+        changed.append(all_noise_changed(before, after))
+        assert changed[-1] or same_noise(before, after)  # all of the noise or none of it
         before = after
         np.testing.assert_array_equal(actions, greedy(net, obs))
-    assert changed == [True, False, False, True, False, False, True]
+    assert changed == asked
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_held_noise_repeats_the_actions_and_fresh_noise_changes_them(kind: str) -> None:
+    torch.manual_seed(0)
+    net = NETWORKS["noisy"]()
+    selector = make_selector(kind, net, 64)
+    obs = observations((4,), 64, np.random.default_rng(9))
+    first = selector(obs)
+    for _ in range(3):  # the same observations under the same noise: the same actions
+        np.testing.assert_array_equal(selector(obs, fresh_noise=False), first)
+    # 64 envs whose greedy actions all survive three new noise samples: practically never
+    assert any(not np.array_equal(selector(obs), first) for _ in range(3))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_held_noise_survives_learner_updates(kind: str) -> None:
-    """With noise_interval=k, k consecutive actions use one noise sample, even when the
-    learner updates (and resamples the online net's noise for its own use) in between."""
+    """Calls that hold the noise act on the last sample drawn, even when the learner
+    updates (and draws noise of its own for the online net) in between."""
     from agent.learner import Learner
     from agent.replay import Batch
 
     torch.manual_seed(0)
     net = NETWORKS["noisy"]()
     learner = Learner(net, QNetwork((4,), N_ACTIONS), lr=1e-2)
-    selector = make_selector(kind, net, 8, noise_interval=3)
+    selector = make_selector(kind, net, 8)
     rng = np.random.default_rng(8)
     g = torch.Generator().manual_seed(0)
     batch = Batch(
@@ -276,9 +292,9 @@ def test_held_noise_survives_learner_updates(kind: str) -> None:
         discounts=torch.full((16,), 0.99),
     )
     held = []
-    for _ in range(6):
+    for step in range(6):
         obs = observations((4,), 8, rng)
-        actions = selector(obs)
+        actions = selector(obs, fresh_noise=step % 3 == 0)
         held.append(noise_snapshot(net))
         np.testing.assert_array_equal(actions, greedy(net, obs))
         learner.update(batch)
@@ -288,28 +304,21 @@ def test_held_noise_survives_learner_updates(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_noise_held_until_new_noise(kind: str) -> None:
+def test_switching_noise_on_acts_on_fresh_or_held_noise_as_the_call_says(kind: str) -> None:
     net = NETWORKS["noisy"]()
-    selector = make_selector(kind, net, 8, noise_interval=None)
-    rng = np.random.default_rng(9)
-    first = noise_snapshot(net)
-    snapshots = []
-    for step in range(8):
-        if step == 5:
-            selector.new_noise()  # an episode ended
-        obs = observations((4,), 8, rng)
-        actions = selector(obs)
-        snapshots.append(noise_snapshot(net))
-        np.testing.assert_array_equal(actions, greedy(net, obs))
-    assert all_noise_changed(first, snapshots[0])  # the first call draws
-    assert all(same_noise(snapshots[0], s) for s in snapshots[1:5])
-    assert all_noise_changed(snapshots[4], snapshots[5])
-    assert all(same_noise(snapshots[5], s) for s in snapshots[6:])
-
-
-def test_noise_interval_must_be_positive_or_none() -> None:
-    with pytest.raises(ValueError, match="noise_interval"):
-        ActionSelector(NETWORKS["noisy"](), (4,), 1, noise_interval=0)
+    selector = make_selector(kind, net, 8)
+    obs = observations((4,), 8, np.random.default_rng(10))
+    selector(obs)
+    drawn = noise_snapshot(net)
+    selector.noise = False
+    selector(obs)
+    selector.noise = True
+    np.testing.assert_array_equal(selector(obs, fresh_noise=False), greedy(net, obs))
+    assert same_noise(drawn, noise_snapshot(net))  # still the sample drawn before
+    selector.noise = False
+    selector.noise = True
+    selector(obs)
+    assert all_noise_changed(drawn, noise_snapshot(net))
 
 
 def test_seeded_noise_is_reproducible() -> None:
@@ -337,10 +346,10 @@ def test_seeded_noise_is_reproducible() -> None:
 def test_state_dict_resumes_the_noise_stream(kind: str, tmp_path) -> None:
     torch.manual_seed(0)
     net = NETWORKS["noisy"]()
-    selector = make_selector(kind, net, 8, noise_interval=2, seed=1)
+    selector = make_selector(kind, net, 8, seed=1)
     obs = observations((4,), 8, np.random.default_rng(19))
-    for _ in range(3):
-        selector(obs)
+    for step in range(3):
+        selector(obs, fresh_noise=step % 2 == 0)
     state = {
         "selector": selector.state_dict(),
         "torch": torch.get_rng_state(),
@@ -348,14 +357,39 @@ def test_state_dict_resumes_the_noise_stream(kind: str, tmp_path) -> None:
     }
     torch.save(state, tmp_path / "s")
     expected = []
-    for _ in range(3):
-        selector(obs)
+    for step in range(3, 6):
+        selector(obs, fresh_noise=step % 2 == 0)
         expected.append(noise_snapshot(net))
     saved = torch.load(tmp_path / "s", weights_only=True)  # plain values only
     net.load_state_dict(saved["net"])
-    resumed = make_selector(kind, net, 8, noise_interval=2, seed=2)
+    resumed = make_selector(kind, net, 8, seed=2)
     resumed.load_state_dict(saved["selector"])
     torch.set_rng_state(saved["torch"])
+    for step, snapshot in enumerate(expected, start=3):
+        resumed(obs, fresh_noise=step % 2 == 0)
+        assert same_noise(snapshot, noise_snapshot(net))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_state_saved_with_a_call_counter_resumes_the_same_noise_stream(kind: str) -> None:
+    """Checkpoints written before the selector left the noise schedule to its callers
+    hold its call counter (``step``) next to the generator: they resume exactly."""
+    torch.manual_seed(0)
+    net = NETWORKS["noisy"]()
+    selector = make_selector(kind, net, 8, seed=1)
+    obs = observations((4,), 8, np.random.default_rng(20))
+    for _ in range(3):
+        selector(obs)
+    old_state = {"step": 3, **selector.state_dict()}  # its counter after three calls
+    torch_state, net_state = torch.get_rng_state(), copy.deepcopy(net.state_dict())
+    expected = []
+    for _ in range(3):
+        selector(obs)
+        expected.append(noise_snapshot(net))
+    net.load_state_dict(net_state)
+    resumed = make_selector(kind, net, 8, seed=2)
+    resumed.load_state_dict(old_state)
+    torch.set_rng_state(torch_state)
     for snapshot in expected:
         resumed(obs)
         assert same_noise(snapshot, noise_snapshot(net))
@@ -411,8 +445,6 @@ def test_bad_arguments_raise() -> None:
     net = NETWORKS["noisy"]()
     with pytest.raises(ValueError, match="num_envs"):
         ActionSelector(net, (4,), 0)
-    with pytest.raises(ValueError, match="noise_interval"):
-        ActionSelector(net, (4,), 1, noise_interval=0)
     with pytest.raises(ValueError, match="obs_shape"):
         ActionSelector(net, (5,), 1)
     with pytest.raises(ValueError, match="move the network"):
@@ -606,13 +638,14 @@ def test_seam_recaptures_after_a_dtype_change() -> None:
     assert len(capture.graphs) == 3
 
 
-def test_seam_two_graphs_for_a_noise_interval() -> None:
+def test_seam_two_graphs_for_fresh_and_held_noise() -> None:
     net = NETWORKS["noisy"]()
-    selector, capture = standin_selector(net, 8, noise_interval=2)
+    selector, capture = standin_selector(net, 8)
     rng = np.random.default_rng(16)
-    for _ in range(6):
+    for step in range(6):
         obs = observations((4,), 8, rng)
-        np.testing.assert_array_equal(selector(obs), greedy(net, obs))
+        actions = selector(obs, fresh_noise=step % 2 == 0)
+        np.testing.assert_array_equal(actions, greedy(net, obs))
     assert len(capture.graphs) == 2  # with and without the resampling, each captured once
     assert capture.replays == 6
 
@@ -622,16 +655,17 @@ def test_seam_capture_failure_falls_back_with_one_warning() -> None:
         raise RuntimeError("operation not permitted when stream is capturing")
 
     net = NETWORKS["noisy"]()
-    selector = ActionSelector(net, (4,), 8, "cpu", capture_fn=failing_capture, noise_interval=2)
+    selector = ActionSelector(net, (4,), 8, "cpu", capture_fn=failing_capture)
     rng = np.random.default_rng(17)
     with pytest.warns(RuntimeWarning, match="not permitted when stream is capturing"):
         obs = observations((4,), 8, rng)
         np.testing.assert_array_equal(selector(obs), greedy(net, obs))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for _ in range(4):
+        warnings.simplefilter("error")  # the held-noise graph falls back silently
+        for step in range(4):
             obs = observations((4,), 8, rng)
-            np.testing.assert_array_equal(selector(obs), greedy(net, obs))
+            actions = selector(obs, fresh_noise=step % 2 == 0)
+            np.testing.assert_array_equal(actions, greedy(net, obs))
     assert selector.backend == "graph" and not selector.captured
 
 
@@ -711,16 +745,17 @@ def test_cuda_fresh_noise_on_every_replay() -> None:
 
 
 @pytest.mark.gpu
-def test_cuda_noise_off_and_interval() -> None:
+def test_cuda_noise_off_and_held() -> None:
     net = NETWORKS["noisy"]().to("cuda")
     mean_selector = ActionSelector(net, (4,), 8, "cuda", noise=False)
-    interval_selector, capture = cuda_selector(net, 8, noise_interval=2)
+    held_selector, capture = cuda_selector(net, 8)
     rng = np.random.default_rng(23)
     changed = []
     before = noise_snapshot(net)
-    for _ in range(4):
+    for step in range(4):
         obs = observations((4,), 8, rng)
-        np.testing.assert_array_equal(interval_selector(obs), greedy(net, obs, "cuda"))
+        actions = held_selector(obs, fresh_noise=step % 2 == 0)
+        np.testing.assert_array_equal(actions, greedy(net, obs, "cuda"))
         after = noise_snapshot(net)
         changed.append(not same_noise(before, after))
         actions = mean_selector(obs)
@@ -730,7 +765,7 @@ def test_cuda_noise_off_and_interval() -> None:
         before = after
     assert changed == [True, False, True, False]
     assert len(capture.graphs) == 2
-    assert mean_selector.captured and interval_selector.captured
+    assert mean_selector.captured and held_selector.captured
 
 
 @pytest.mark.gpu

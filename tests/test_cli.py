@@ -185,7 +185,79 @@ def test_the_hint_after_training_works_and_evaluates_the_best_policy_or_the_late
     argv = words[words.index("--eval"):]
     assert cli.main([*argv, "--episodes", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert report["checkpoint"] == str(run_dir / "checkpoints" / taken)
+    if taken == "last.pt":
+        assert report["checkpoint"] == str(run_dir / "checkpoints" / "last.pt")
+    else:  # the one of the two that its own scores favour
+        result = _result(run_dir)
+        assert result["best_confirmed"]
+        better = result["best_eval_return"] > result["final_eval_return"]
+        assert report["checkpoint"] == str(run_dir / "checkpoints" /
+                                           ("best.pt" if better else "last.pt"))  # fmt: skip
+
+
+def _eval_json(capsys: pytest.CaptureFixture, *args: str) -> dict:
+    capsys.readouterr()
+    assert cli.main(["--eval", *args, "--json", "--device", "cpu"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _replay(named: dict) -> list[str]:
+    """--eval's flags for the episodes a score names (result.json's *_episodes)."""
+    return ["--seed", str(named["seed"]), "--stream", str(named["stream"]), "--round",
+            str(named["round"]), "--episodes", str(named["episodes"]),
+            "--epsilon", str(named["epsilon"])]  # fmt: skip
+
+
+def test_every_score_of_a_run_is_what_eval_gives_on_the_episodes_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    # eval_epsilon: random actions too, drawn per episode, which --eval must draw alike.
+    assert _train(run_dir, 1_000, early_stop="false", eval_epsilon=0.2) == 0
+    result = _result(run_dir)
+    best, last = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
+    assert result["best_confirmed"] and result["best_eval_episodes"]["epsilon"] == 0.2
+    report = _eval_json(capsys, str(best), *_replay(result["best_eval_episodes"]))
+    assert report["mean_return"] == result["best_eval_return"]
+    report = _eval_json(capsys, str(last), *_replay(result["final_eval_episodes"]))
+    assert report["mean_return"] == result["final_eval_return"]
+    assert report["mean_length"] == result["final_eval_mean_length"]
+    # TensorBoard's last periodic round played last.pt's policy; eval/round names it.
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    (periodic,) = [e for e in acc.Scalars("eval/mean_return") if e.step == 1_000]
+    (round_index,) = [e.value for e in acc.Scalars("eval/round") if e.step == 1_000]
+    named = {**result["final_eval_episodes"], "round": int(round_index), "episodes": 10}
+    report = _eval_json(capsys, str(last), *_replay(named))
+    assert report["mean_return"] == pytest.approx(periodic.value, rel=1e-6)  # float32 events
+    # The default is the checkpoint's own eval_epsilon: the run's protocol.
+    assert _eval_json(capsys, str(last), "--episodes", "2")["episode_seeds"]["epsilon"] == 0.2
+
+
+def test_eval_of_a_run_directory_plays_the_policy_its_scores_favour_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 600, early_stop="false") == 0
+    written = _result(run_dir)
+    best, last = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
+
+    def taken(**figures: object) -> str:
+        (run_dir / "result.json").write_text(json.dumps({**written, **figures}))
+        return _eval_json(capsys, str(run_dir), "--episodes", "1")["checkpoint"]
+
+    assert taken(best_confirmed=True, best_eval_return=4.0, final_eval_return=3.0) == str(best)
+    assert taken(best_confirmed=True, best_eval_return=3.0, final_eval_return=4.0) == str(last)
+    # A best.pt score of the round that picked it is no evidence against a fresh one.
+    assert taken(best_confirmed=False, best_eval_return=4.0, final_eval_return=3.0) == str(last)
+    # No final score (a run still going, or interrupted): its best policy.
+    assert taken(best_confirmed=True, best_eval_return=4.0, final_eval_return=None) == str(best)
+    capsys.readouterr()
+    assert cli.main(["--eval", str(run_dir), "--episodes", "1", "--device", "cpu"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("checkpoint:")]
+    assert str(best) in line
 
 
 def test_a_file_that_torch_did_not_write_is_not_a_checkpoint(

@@ -167,9 +167,13 @@ def test_success_rate_is_the_share_of_episodes_with_a_positive_return() -> None:
 
 
 class _Counters:
-    eval_round = 0
-    best_eval: float | None = None
-    solved_step: int | None = None
+    def __init__(self) -> None:
+        self.eval_round = 0
+        self.best_eval: float | None = None
+        self.best_confirmed = False
+        self.best_step: int | None = None
+        self.best_episodes: dict | None = None
+        self.solved_step: int | None = None
 
 
 def _evaluator(policy, target: float | None, early_stop: bool = True, **kw):  # type: ignore[no-untyped-def]
@@ -184,6 +188,7 @@ def _evaluator(policy, target: float | None, early_stop: bool = True, **kw):  # 
         target_return=target, early_stop=early_stop, curve=[],
         log=lambda step, scalars: logged.append((step, scalars)),
         on_best=lambda: best.append(state.eval_round),
+        best_confirm_episodes=kw.get("best_confirm_episodes", 0),
     )
     return evaluate, state, logged, best
 
@@ -196,8 +201,8 @@ def test_a_policy_at_the_target_is_confirmed_on_fresh_episodes() -> None:
     evaluate, state, logged, best = _evaluator(_perfect, target=4.5)
     assert evaluate(100) is True
     assert state.eval_round == 2  # the periodic round, then the confirming one
-    assert evaluate.curve == [(100, 5.0)] and state.best_eval == 5.0 and best == [1]
-    assert "eval/confirm_lower_bound" in logged[-1][1]
+    assert evaluate.curve == [(100, 5.0)] and state.best_eval == 5.0 and len(best) == 1
+    assert any("eval/confirm_lower_bound" in scalars for _, scalars in logged)
     # The final score plays a round no evaluation played, and moves no counter.
     assert evaluate.final(200) == 5.0 and state.eval_round == 2
 
@@ -264,3 +269,144 @@ def test_only_a_better_round_counts_as_the_best() -> None:
         playing[0] = policy
         evaluate(step)
     assert best == [1, 2] and state.best_eval == 5.0
+
+
+def _steady(batch: np.ndarray) -> np.ndarray:
+    """Right on a Cue-v0 episode's first step, then always 1: 1 + Binomial(4, 1/2), mean 3."""
+    first = batch[:, 1] == 1.0  # steps_left / length: 1 on the first step
+    return np.where(first, batch[:, 0] > 0, 1).astype(np.int64)
+
+
+def _lucky_round(after: float, episodes: int, z: float) -> int:
+    """The first round of ``_always_one`` (true mean 2.5) whose ``episodes`` peak by chance
+    above ``after`` by more than z of their standard errors: what a short round does."""
+    from agent.evaluate import run_episodes
+
+    envs = [make_env("envs.testing:NoisyDQN/Cue-v0") for _ in range(2)]
+    for r in range(1, 2_000):
+        result = run_episodes(_always_one, envs, episodes, seed=1, round_index=r)
+        if result.mean - z * result.standard_error > after:
+            return r
+    raise AssertionError("no lucky round")
+
+
+def test_a_round_that_peaks_by_chance_does_not_replace_the_confirmed_best() -> None:
+    from agent.evaluate import BEST_STREAM, run_episodes
+
+    playing = [_steady]
+    evaluate, state, logged, best = _evaluator(lambda b: playing[0](b), target=None,
+                                               best_confirm_episodes=200)  # fmt: skip
+    evaluate(0)  # the steady policy: confirmed on 200 fresh episodes
+    assert state.best_confirmed and best == [1]
+    steady = state.best_eval
+    assert steady == pytest.approx(3.0, abs=0.3)
+    # Then a worse policy (mean 2.5), until one of its short rounds peaks by chance.
+    playing[0] = _always_one
+    lucky = _lucky_round(steady, episodes=4, z=1.645)
+    for step in range(1, lucky + 1):
+        evaluate(step)
+    curve = dict(evaluate.curve)
+    assert curve[lucky] > steady  # the best round so far: today's rule would save it
+    # It was a candidate, confirmed on fresh episodes, and the fresh ones said no.
+    (confirmed,) = [s["eval/best_confirm_mean_return"] for step, s in logged
+                    if step == lucky and "eval/best_confirm_mean_return" in s]  # fmt: skip
+    assert confirmed < steady
+    assert best == [1] and state.best_eval == steady and state.best_step == 0
+    # The best score names its episodes: played again, they give it to the bit.
+    named = state.best_episodes
+    assert named["stream"] == BEST_STREAM and named["episodes"] == 200
+    envs = [make_env("envs.testing:NoisyDQN/Cue-v0") for _ in range(3)]
+    again = run_episodes(_steady, envs, named["episodes"], seed=named["seed"],
+                         round_index=named["round"], stream=named["stream"])  # fmt: skip
+    assert again.mean == steady
+
+
+def test_unconfirmed_the_best_is_the_best_round_and_keeps_the_lucky_one() -> None:
+    playing = [_steady]
+    evaluate, state, _, _ = _evaluator(lambda b: playing[0](b), target=None)
+    evaluate(0)
+    first = state.best_eval
+    playing[0] = _always_one
+    lucky = _lucky_round(first, episodes=4, z=0.0)
+    for step in range(1, lucky + 1):
+        evaluate(step)
+    # best_confirm_episodes 0: the rule before, which says so (best_confirmed False).
+    assert not state.best_confirmed and state.best_step == lucky
+    assert state.best_eval == dict(evaluate.curve)[lucky] > first
+
+
+def test_a_better_policy_is_confirmed_and_replaces_the_best() -> None:
+    playing = [_always_one]
+    evaluate, state, logged, best = _evaluator(lambda b: playing[0](b), target=None,
+                                               best_confirm_episodes=50)  # fmt: skip
+    evaluate(0)
+    playing[0] = _perfect
+    evaluate(1)
+    assert len(best) == 2 and state.best_eval == 5.0 and state.best_step == 1
+    # So clear an improvement needs one part of the 50 episodes (a round's 4), not all.
+    assert state.best_episodes["episodes"] == 4
+    # Nothing beats a perfect score: no further confirmation is played for it.
+    evaluate(2)
+    assert len(best) == 2
+    assert sum("eval/best_confirm_mean_return" in s for _, s in logged) == 2
+
+
+def test_an_early_stop_confirmation_confirms_the_best_without_more_episodes() -> None:
+    from agent.evaluate import EVAL_STREAM
+
+    evaluate, state, logged, _ = _evaluator(_perfect, target=4.5, best_confirm_episodes=50)
+    assert evaluate(100) is True
+    assert not any("eval/best_confirm_mean_return" in s for _, s in logged)
+    assert state.best_confirmed and state.best_eval == 5.0
+    assert state.best_episodes["stream"] == EVAL_STREAM and state.best_episodes["round"] == 1
+
+
+def test_after_an_early_stop_the_final_episodes_score_best_pt() -> None:
+    """The confirmation that stops a run is at the target by selection: where best.pt is
+    the stopping policy, its score becomes the final evaluation's, on episodes that
+    nothing chose; a later piece's final policy leaves it alone."""
+    evaluate, state, logged, _ = _evaluator(_steady, target=2.0, best_confirm_episodes=50,
+                                            confirm_episodes=6)  # fmt: skip
+    assert evaluate(100) is True and state.best_step == 100
+    stopping = state.best_eval
+    final = evaluate.final(100)
+    assert final != stopping  # other episodes: another mean
+    assert state.best_eval == final and state.best_episodes == evaluate.final_played
+    assert (100, {"eval/best_return": final}) in logged
+    # The run extended past its stop: its final policy is another one.
+    assert evaluate.final(300) is not None and state.best_eval == final
+
+
+def test_the_final_evaluation_logs_its_mean_length_and_names_its_episodes() -> None:
+    from agent.evaluate import EVAL_STREAM, Evaluator, run_episodes
+
+    logged: list[tuple[int, dict]] = []
+    envs = [make_env("envs.testing:NoisyDQN/CueVaried-v0") for _ in range(2)]
+    state = _Counters()
+    state.eval_round = 3
+    evaluate = Evaluator(
+        _always_one, envs, state, seed=3, episodes=5, confirm_episodes=7, confirm_z=1.645,
+        target_return=None, early_stop=False, curve=[],
+        log=lambda step, scalars: logged.append((step, scalars)), on_best=lambda: None,
+    )  # fmt: skip
+    mean = evaluate.final(100)
+    named = evaluate.final_played
+    assert named == {"seed": 3, "stream": EVAL_STREAM, "round": 3, "episodes": 7, "epsilon": 0.0}
+    again = run_episodes(_always_one, envs, 7, seed=3, round_index=3)
+    assert len(set(again.lengths.tolist())) > 1  # lengths 2..9: a mean that can be wrong
+    assert mean == again.mean
+    assert evaluate.final_mean_length == pytest.approx(again.lengths.mean())
+    assert logged == [(100, {"eval/final_mean_return": mean,
+                             "eval/final_mean_length": evaluate.final_mean_length})]
+
+
+def test_a_round_played_in_parts_scores_as_the_whole() -> None:
+    from agent.evaluate import run_episodes
+
+    envs = [make_env("envs.testing:NoisyDQN/CueVaried-v0") for _ in range(3)]
+    kw = {"seed": 5, "round_index": 2, "stream": 5, "epsilon": 0.3, "n_actions": 2}
+    whole = run_episodes(_always_one, envs, 11, **kw)
+    parts = [run_episodes(_always_one, envs, n, first=first, **kw)
+             for first, n in ((0, 4), (4, 4), (8, 3))]  # fmt: skip
+    assert np.concatenate([p.returns for p in parts]).tolist() == whole.returns.tolist()
+    assert np.concatenate([p.lengths for p in parts]).tolist() == whole.lengths.tolist()

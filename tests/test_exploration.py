@@ -104,3 +104,17 @@ def test_epsilon_greedy_never_draws_noise_and_its_state_round_trips() -> None:
     again.load_state_dict(state)
     got = ([again.fresh_noise() for _ in range(6)], again(policy, 1)[0])
     assert got[0] == expected[0] and np.array_equal(got[1], expected[1])
+
+
+def test_the_off_greedy_share_counts_the_played_actions_unlike_the_greedy_ones() -> None:
+    """Worked by hand: 2 of 4 actions off at step 100, 1 of 4 at step 104: 3 of 8; the
+    warm-up's steps are not the policy's and are not counted; each log starts afresh."""
+    explore = _noisy(0.0, random_starts=100)
+    greedy = np.array([0, 1, 2, 3])
+    explore.off_greedy(np.array([3, 3, 3, 3]), greedy, 96)  # in the warm-up
+    assert "exploration/off_greedy_fraction" not in explore.scalars()
+    explore.off_greedy(np.array([1, 0, 2, 3]), greedy, 100)  # envs 0 and 1 off
+    explore.off_greedy(np.array([0, 1, 2, 0]), greedy, 104)  # env 3 off
+    assert explore.scalars()["exploration/off_greedy_fraction"] == 3 / 8
+    explore.off_greedy(greedy, greedy, 108)
+    assert explore.scalars()["exploration/off_greedy_fraction"] == 0.0

@@ -877,6 +877,13 @@ def test_a_run_writes_one_events_file_with_its_final_return_at_its_last_step(
     acc = _events(tmp_path / "run")
     final = acc.Scalars("eval/final_mean_return")
     assert [(e.step, e.value) for e in final] == [(1_000, pytest.approx(result.final_eval_return))]
+    # Beside it, its mean episode length (CartPole: its return), also in result.json.
+    length = acc.Scalars("eval/final_mean_length")
+    assert [(e.step, e.value) for e in length] == [
+        (1_000, pytest.approx(result.final_eval_mean_length))
+    ]
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["final_eval_mean_length"] == pytest.approx(saved["final_eval_return"])
     # The HPARAMS tab still has the run's config and its final return's tag.
     content = acc.PluginTagToContent("hparams").values()
     data = {(d := plugin_data_pb2.HParamsPluginData.FromString(c)).WhichOneof("data"): d
@@ -1150,3 +1157,67 @@ def test_on_cuda_rainbow_trains_with_the_captured_update_as_eagerly(
         torch.testing.assert_close(results[True]["q_network"][key], value, rtol=1e-4, atol=1e-5)
     leaves = results[True]["replay"]["priorities"]["leaves"]
     assert leaves.max() > leaves[leaves > 0].min()  # priorities were learned, not all max
+
+
+def _off_greedy(run_dir: Path) -> list[float]:
+    return [e.value for e in _events(run_dir).Scalars("exploration/off_greedy_fraction")]
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_the_off_greedy_share_is_what_the_noise_and_the_floor_make_it(
+    tmp_path: Path, seeds: int
+) -> None:
+    """Before learning starts (sigma is learned, so it stays where it starts only until
+    then): noise of scale 0 never changes an action, 0 at every log; a floor of random
+    actions at every step (noisy_epsilon 1) plays CartPole's other action half the time,
+    about 1/2 (125 actions sampled a log); a large noise changes some. Both for a single
+    run and for seeds stacked."""
+    from agent.seeds.group import train_group
+
+    def run(name: str, **overrides: object) -> list[list[float]]:
+        cfgs = [load_config("CartPole-v1", overrides={**SHORT, "exploration": "noisy",
+                                                      "noisy_layers": "all", "seed": s,
+                                                      "random_starts": 0,
+                                                      "learning_starts": 2_000, **overrides})
+                for s in range(1, seeds + 1)]  # fmt: skip
+        dirs = [tmp_path / name / f"seed_{s}" for s in range(1, seeds + 1)]
+        if seeds == 1:
+            train(cfgs[0], dirs[0], progress=False, echo=lambda _: None)
+        else:
+            train_group(cfgs, dirs, [None] * seeds, progress=False, echo=lambda _: None)
+        return [_off_greedy(d) for d in dirs]
+
+    for shares in run("still", sigma0=0.0):
+        assert len(shares) == SHORT["total_steps"] // SHORT["log_interval"]
+        assert shares == [0.0] * len(shares)
+    for shares in run("floor", sigma0=0.0, noisy_epsilon=1.0):
+        assert all(0.35 < share < 0.65 for share in shares), shares
+    for shares in run("noisy", sigma0=4.0):
+        assert any(share > 0 for share in shares), shares
+
+
+def test_the_off_greedy_sample_leaves_the_trajectory_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The noise-free actions of the sampled steps draw nothing: a run that samples every
+    step and one that samples none end with the same networks, replay, streams, counters."""
+    import agent.train
+
+    cfg = load_config("CartPole-v1", overrides={**SHORT, "noisy_layers": "all"})
+    for name, every in (("every", 1), ("never", 10**12)):
+        monkeypatch.setattr(agent.train, "OFF_GREEDY_EVERY", every)
+        train(cfg, tmp_path / name, progress=False, echo=lambda _: None)
+    a, b = (load_checkpoint(tmp_path / n / "checkpoints" / "last.pt") for n in ("every", "never"))
+
+    def same(x: object, y: object) -> bool:
+        if isinstance(x, dict):
+            return x.keys() == y.keys() and all(
+                same(x[k], y[k]) for k in x if k not in ("pieces", "wall_time_s"))
+        if isinstance(x, (list, tuple)):
+            return len(x) == len(y) and all(same(u, v) for u, v in zip(x, y, strict=True))
+        if isinstance(x, torch.Tensor):
+            return torch.equal(x, y)
+        return x == y
+
+    assert same(a, b)
+    assert len(_off_greedy(tmp_path / "every")) > 0

@@ -2,11 +2,15 @@
 
 Acting runs once per environment step, so its fixed cost per call decides rollout
 speed. :class:`ActionSelector` picks the fastest correct backend for where the
-network lives, and re-picks it when the network moves. Each backend has a file:
+network lives, and re-picks it when the network moves. When the acting noise is drawn
+is the caller's choice, call by call (``fresh_noise``): the training loops ask their
+exploration policy (:class:`agent.exploration.Exploration`), so the selector keeps no
+schedule of its own. Each backend has a file:
 
 ``"graph"`` (CUDA; ``agent/acting/graph.py``)
     [resample noise -> Q forward -> argmax] captured once as a CUDA graph, replayed
-    per step with one host synchronisation (the actions). If capture fails, the same
+    per step with one host synchronisation (the actions); a second graph without the
+    resampling serves the calls that hold the noise. If capture fails, the same
     orchestration runs the function eagerly, after one warning that says why.
 
 ``"numpy"`` (CPU, float32/float64; ``agent/numpy_backend/``)
@@ -39,7 +43,6 @@ from agent.acting.graph import (
     capture_eager,
     make_act_fn,
 )
-from agent.exploration import NoiseSchedule
 from agent.numpy_backend import NumpyForward, Unsupported, compiled_or_none
 from agent.noisy import noisy_layers
 from agent.values import greedy_actions, support_of
@@ -75,16 +78,13 @@ class ActionSelector:
         device: where the network lives (checked against its parameters); ``None``
             takes the parameters' device. If the network later moves, the selector
             follows it.
-        noise: act with noisy weights, resampled every ``noise_interval`` calls (True;
-            the paper resamples every step), or with the mean weights only (False, for
-            deterministic evaluation). The selector resamples the *online* network's
-            noise buffers in place, as the paper's acting step does; the learner never
-            writes them (its update noise has buffers of its own,
-            :class:`~agent.noisy.NoiseBuffers`), so the noise stays held between resamples.
-        noise_interval: resample the noise every this many calls (1 = every step), or
-            ``None``: only at the first call and after :meth:`new_noise` (a
-            :class:`~agent.exploration.NoiseSchedule`). A call that says ``fresh_noise``
-            follows that instead: the training loops ask their exploration policy.
+        noise: act with noisy weights (True), drawn afresh at every call that asks for
+            it (``fresh_noise``, by default every call: the paper resamples every step),
+            or with the mean weights only (False, for deterministic evaluation). The
+            selector resamples the *online* network's noise buffers in place, as the
+            paper's acting step does; the learner never writes them (its update noise has
+            buffers of its own, :class:`~agent.noisy.NoiseBuffers`), so a call with
+            ``fresh_noise=False`` acts on the noise the last draw left there.
         seed: seed of the numpy generator used for noise on the CPU fast path; ``None``
             draws one from torch's default CPU generator, so ``torch.manual_seed``
             makes acting reproducible. (The torch paths use torch's default generator.)
@@ -97,7 +97,8 @@ class ActionSelector:
             act eagerly (False: the switch for a GPU where capture misbehaves).
 
     Call ``selector(obs)`` with a numpy batch ``(num_envs, *obs_shape)`` in the env's
-    dtype (float32 vectors, uint8 frames, ...) to get int64 actions ``(num_envs,)``.
+    dtype (float32 vectors, uint8 frames, ...) to get int64 actions ``(num_envs,)``;
+    ``selector(obs, fresh_noise=False)`` acts on the noise held since the last draw.
     Nothing needs calling after a learner update. A move of the network to another
     device or dtype (``.to()``) is detected at the next call by comparing one
     parameter's address and dtype, and the selector rebuilds (re-captures); after
@@ -112,7 +113,6 @@ class ActionSelector:
         device: torch.device | str | None = None,
         *,
         noise: bool = True,
-        noise_interval: int | None = 1,
         seed: int | None = None,
         backend: Backend = "auto",
         capture_fn: CaptureFn | None = None,
@@ -135,7 +135,6 @@ class ActionSelector:
         self.num_envs = int(num_envs)
         self._batch_shape = (self.num_envs, *obs_shape)
         self._noise = bool(noise)
-        self._schedule = NoiseSchedule(noise_interval)  # ValueError for a bad interval
         self._backend_request: Backend = "graph" if capture_fn is not None else backend
         self._capture_fn = capture_fn
         self.capture_graph = bool(capture_graph)
@@ -167,21 +166,13 @@ class ActionSelector:
         return self._probe_dict[self._probe_name].device
 
     @property
-    def noise_interval(self) -> int | None:
-        """Calls between noise draws (None: only after :meth:`new_noise`)."""
-        return self._schedule.interval
-
-    @property
     def noise(self) -> bool:
         """Act with noisy weights (True) or the mean weights (False). Settable."""
         return self._noise
 
     @noise.setter
     def noise(self, enabled: bool) -> None:
-        enabled = bool(enabled)
-        if enabled and not self._noise:
-            self._schedule.restart()  # switching noise on draws fresh noise at the next call
-        self._noise = enabled
+        self._noise = bool(enabled)
 
     @property
     def backend(self) -> str | None:
@@ -195,10 +186,6 @@ class ActionSelector:
         capture fell back to eager replays."""
         return self._backend == "graph" and self._captured
 
-    def new_noise(self) -> None:
-        """Draw fresh noise at the next call, whatever ``noise_interval`` says."""
-        self._schedule.restart()
-
     def refresh(self) -> None:
         """Drop graphs, buffers and views; the next call rebuilds (re-captures) them."""
         self._backend = None
@@ -206,24 +193,27 @@ class ActionSelector:
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to continue the same noise stream (plain Python values).
 
-        The call counter (for ``noise_interval``) and the numpy generator of the CPU
-        path; the torch paths draw from torch's generators, saved with torch's RNG state.
+        The numpy generator of the CPU path; the torch paths draw from torch's
+        generators, saved with torch's RNG state.
         """
-        return {"step": self._schedule.step, "rng": self._rng.bit_generator.state}
+        return {"rng": self._rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`: the next call continues where the saved selector stopped."""
-        self._schedule.load_state_dict(state)
+        """Restore :meth:`state_dict`: the next call continues where the saved selector stopped.
+
+        A state saved by an older selector also holds its call counter (``"step"``),
+        which no longer decides anything: it is ignored."""
         self._rng.bit_generator.state = state["rng"]
 
     # -- the hot path -------------------------------------------------------- #
 
-    def __call__(self, obs: np.ndarray, fresh_noise: bool | None = None) -> np.ndarray:
+    def __call__(self, obs: np.ndarray, fresh_noise: bool = True) -> np.ndarray:
         """Actions ``(num_envs,)`` int64 for a batch of observations ``(num_envs, *obs_shape)``.
 
-        ``fresh_noise``: whether to draw the acting noise afresh before acting (the
-        exploration policy's call, :meth:`agent.exploration.Exploration.fresh_noise`);
-        None follows ``noise_interval``."""
+        ``fresh_noise``: draw the acting noise afresh before acting (True, every call by
+        default), or act on the noise held since the last draw (False; the training loops
+        ask their exploration policy, :meth:`agent.exploration.Exploration.fresh_noise`).
+        Without noise (``noise`` False) nothing is drawn either way."""
         obs = np.asarray(obs)
         if obs.shape != self._batch_shape:
             raise ValueError(
@@ -239,11 +229,7 @@ class ActionSelector:
             or probe.dtype != self._probe_dtype
         ):
             self._build(obs.dtype)
-        if fresh_noise is None:
-            due = self._schedule.due()
-            resample = self._noise and due
-        else:
-            resample = self._noise and fresh_noise
+        resample = self._noise and bool(fresh_noise)
         if self._backend == "numpy":
             policy = self._numpy
             if resample:
@@ -327,8 +313,8 @@ class ActionSelector:
     def _graph_for(self, mode: str) -> CapturedGraph:
         """The graph for ``mode`` ("resample", "noisy" or "mean"), captured on first use.
 
-        With noise_interval > 1 two graphs exist, with and without the resampling,
-        and the host picks one per call; that is host-side control, not in the graph.
+        Calls that hold the noise and calls that draw it replay two graphs, without and
+        with the resampling: the host picks one per call (``fresh_noise``), not the graph.
         """
         graph = self._graphs.get(mode)
         if graph is not None:

@@ -42,8 +42,14 @@ from agent.errors import UserError
 from agent.learner import Metrics, NonFiniteError
 from agent.replay import ReplayBuffer
 from agent.replay.base import Batch
+from agent.noisy import noise_switched
 from agent.seeds.learner import SeedLearner, diverged
-from agent.seeds.stacked import NoiseDraw, seed_state_dict, stack_networks, stacked_noisy_layers
+from agent.seeds.stacked import (
+    NoiseDraw,
+    seed_state_dict,
+    stack_networks,
+    stacked_noisy_layers,
+)
 from agent.signals import StopSignals
 from agent.values import greedy_actions, support_of
 from agent.train import (
@@ -171,6 +177,7 @@ class SeedStack:
             self.learner.take_running(*carry)
         layers = stacked_noisy_layers(self.q_network)
         self._draw = NoiseDraw(layers) if noisy and layers else None
+        self._layers = layers
         self.device = next(self.q_network.parameters()).device
 
     @property
@@ -187,6 +194,16 @@ class SeedStack:
         with torch.inference_mode():
             stacked = torch.from_numpy(np.stack(obs)).to(self.device)  # (S, n, *obs_shape)
             output = self.q_network(stacked)  # (S, n, A[, N])
+            return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
+
+    def noise_free(self, obs: list[np.ndarray], actions: np.ndarray) -> np.ndarray:
+        """Greedy actions ``(S, n)`` on the stack's mean weights (``actions`` themselves
+        for epsilon-greedy, which acts on them)."""
+        if self._draw is None:
+            return actions
+        with torch.inference_mode(), noise_switched(self._layers, False):
+            stacked = torch.from_numpy(np.stack(obs)).to(self.device)
+            output = self.q_network(stacked)
             return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
 
     def update(self, batches: list[Batch]) -> None:
