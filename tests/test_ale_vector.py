@@ -185,23 +185,3 @@ def test_vector_ale_is_a_choice_of_the_config() -> None:
     assert isinstance(venv, gym.vector.VectorEnv)
     venv.close()
 
-
-def test_a_lost_life_is_terminal_in_replay_only(tmp_path: Path) -> None:
-    """Random play on vector=ale: replay's dones (a lost life ends bootstrapping) outnumber
-    the games, which are whole games of five lives; rewards clipped in replay only."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    cfg = load_config("BreakoutNoFrameskip-v4", "der", overrides={
-        "total_steps": 800, "learning_starts": 800, "exploration": "epsilon",
-        "noisy_layers": "none", "epsilon_start": 1.0, "epsilon_end": 1.0, "buffer_size": 2000,
-        "n_step": 1, "num_envs": 2, "vector": "ale", "final_episodes": 1, "eval_envs": 1,
-        "eval_epsilon": 1.0,
-    })  # fmt: skip
-    train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
-    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["replay"]
-    dones = int(state["dones"][state["valid"]].sum())
-    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
-    acc.Reload()
-    games = acc.Scalars("charts/episodic_length")
-    assert len(games) >= 1 and dones >= 5 * len(games)
-    assert set(state["rewards"][state["valid"]].unique().tolist()) <= {0.0, 1.0}

@@ -464,15 +464,19 @@ def test_the_der_preset_plays_the_atari_100k_protocol() -> None:
     assert truncated and not terminated and 42 <= steps <= 50
 
 
-def test_a_lost_life_ends_bootstrapping_in_replay_only_on_a_real_game(tmp_path: Path) -> None:
-    """Breakout under random play: replay's dones outnumber the games, whose returns and
-    lengths are whole games of five lives."""
+@pytest.mark.parametrize("vector", ["sync", "ale"])
+def test_a_lost_life_ends_bootstrapping_in_replay_only_on_a_real_game(
+    tmp_path: Path, vector: str
+) -> None:
+    """Breakout under random play, on gymnasium's pipeline or ale-py's vector env: replay's
+    dones outnumber the games, whose returns and lengths are whole games of five lives."""
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
     cfg = load_config("BreakoutNoFrameskip-v4", "der", overrides={
         "total_steps": 600, "learning_starts": 600, "exploration": "epsilon",
         "noisy_layers": "none", "epsilon_start": 1.0, "epsilon_end": 1.0, "buffer_size": 2000,
         "n_step": 1, "final_episodes": 1, "eval_envs": 1, "eval_epsilon": 1.0,
+        "vector": vector,
     })  # fmt: skip
     train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["replay"]
