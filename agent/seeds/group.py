@@ -44,12 +44,7 @@ from agent.replay import ReplayBuffer
 from agent.replay.base import Batch
 from agent.noisy import noise_switched
 from agent.seeds.learner import SeedLearner, diverged
-from agent.seeds.stacked import (
-    NoiseDraw,
-    seed_state_dict,
-    stack_networks,
-    stacked_noisy_layers,
-)
+from agent.seeds.stacked import NoiseDraw, seed_state_dict, stack_networks, stacked_noisy_layers
 from agent.signals import StopSignals
 from agent.values import greedy_actions, support_of
 from agent.train import (
