@@ -186,20 +186,22 @@ class SeedStack:
         if self._draw is not None and fresh.any():
             which = None if fresh.all() else np.flatnonzero(fresh).tolist()
             self._draw([s.act_generator for s in self.seeds], seeds=which)
-        with torch.inference_mode():
-            stacked = torch.from_numpy(np.stack(obs)).to(self.device)  # (S, n, *obs_shape)
-            output = self.q_network(stacked)  # (S, n, A[, N])
-            return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
+        return self._greedy(obs)
 
     def noise_free(self, obs: list[np.ndarray], actions: np.ndarray) -> np.ndarray:
         """Greedy actions ``(S, n)`` on the stack's mean weights (``actions`` themselves
         for epsilon-greedy, which acts on them)."""
         if self._draw is None:
             return actions
-        with torch.inference_mode(), noise_switched(self._layers, False):
-            stacked = torch.from_numpy(np.stack(obs)).to(self.device)
-            output = self.q_network(stacked)
-            return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
+        with noise_switched(self._layers, False):
+            return self._greedy(obs)
+
+    @torch.inference_mode()
+    def _greedy(self, obs: list[np.ndarray]) -> np.ndarray:
+        """The stack's greedy actions ``(S, n)`` under its noise as it stands."""
+        stacked = torch.from_numpy(np.stack(obs)).to(self.device)  # (S, n, *obs_shape)
+        output = self.q_network(stacked)  # (S, n, A[, N])
+        return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
 
     def update(self, batches: list[Batch]) -> None:
         """One gradient step per seed, seed ``i`` on ``batches[i]``; each seed's replay
