@@ -359,6 +359,16 @@ class Config:
         )
         positive("priority_eps")
         at_least("random_starts", 0)
+        # A warm-up the user set that outlasts the run is a mistake; the env's own default
+        # outlasting a short trial run is only announced (train's start-up lines).
+        need(
+            self.random_starts < self.total_steps
+            or check.defaults is None
+            or self.random_starts == check.defaults.random_starts,
+            f"random_starts ({self.random_starts:,}) is not shorter than the run (total_steps "
+            f"{self.total_steps:,}): the policy would never act",
+            f"--set random_starts=N with N < {self.total_steps}, or a larger --total-steps",
+        )
         at_least("train_freq", 1)
         positive("lr")
         positive("adam_eps")

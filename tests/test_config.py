@@ -87,6 +87,24 @@ def test_noise_interval_takes_a_step_count_or_episode(config_dir: Path) -> None:
     assert cfg.noise_interval == "episode"
 
 
+def test_a_warm_up_the_user_set_must_end_before_the_run_does(
+    config_dir: Path, tmp_path: Path
+) -> None:
+    _write(config_dir / "Long-v0.yaml", {"random_starts": 50_000})
+    # Set by the user, in --set or a config file: one line naming the fix.
+    for where in ({"overrides": {"random_starts": 10_000}},
+                  {"config_file": _write(tmp_path / "warm.yaml", {"random_starts": 12_000})},
+                  {"overrides": {"random_starts": 40_000}, "env_id": "Long-v0"}):
+        env_id = where.pop("env_id", "Toy-v0")
+        with pytest.raises(UserError, match=r"random_starts \(\d[\d,]*\) is not shorter than the "
+                           r"run \(total_steps 10,000\).*--set random_starts=N with N < 10000"):
+            load_config(env_id, config_dir=config_dir, **where)
+    # The env's own default outlasting a short trial run is only announced by train.
+    assert load_config("Long-v0", config_dir=config_dir).random_starts == 50_000
+    assert load_config("Toy-v0", overrides={"random_starts": 9_999},
+                       config_dir=config_dir).random_starts == 9_999
+
+
 def test_ints_are_accepted_for_floats_and_null_for_optionals(config_dir: Path) -> None:
     cfg = load_config("Toy-v0", overrides={"lr": 1, "max_grad_norm": None}, config_dir=config_dir)
     assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.max_grad_norm is None
