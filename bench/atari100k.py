@@ -12,6 +12,11 @@ of the steps cancels start-up, the warm-up before learning and any evaluation. B
 them: one update of ours alone, and the floor a core's matrix-product speed puts under
 it (the multiply-adds of the three forward passes and the backward of an update).
 
+    python -m bench.atari100k speed --arms der,der-epsilon --repeats 3
+
+times ours with each arm's settings instead (medians of ``--repeats``, the arms
+interleaved), the first against the rest: what the noise costs a learning step.
+
     python -m bench.atari100k report --seeds 101-103 --arms der,der-epsilon \
         --sweep DIR [--ray-address local] [--json bench/atari100k_report.json]
 
@@ -122,6 +127,15 @@ ARMS: dict[str, dict[str, Any]] = {
     "der-shift": {"augment": "shift"},
     "der-epsilon-shift": {**EPSILON, "augment": "shift"},
 }
+# The screening's variants (tuning seeds 1-2, against der-epsilon; docs/research/log.md
+# #atari100k-screening): der with one exploration or learning key changed each.
+SCREENING: dict[str, dict[str, Any]] = {
+    "der-noisy-epsilon": {"noisy_epsilon": 0.01},  # a floor of random actions under the noise
+    "der-sigma0.5": {"sigma0": 0.5},  # SPR's noise scale
+    "der-random-starts": {"random_starts": LEARN_START},  # random actions until learning starts
+    "der-n10": {"n_step": 10},  # Dopamine's DER
+}
+ARMS.update(SCREENING)
 CURVE_BIN = 5_000  # training returns are averaged over bins of this many steps
 
 
@@ -184,14 +198,16 @@ def update_ms(n_actions: int, updates: int = 200) -> float:
     return float(np.median(times)) * 1e3
 
 
-def _ours(game: str, steps: int, work: Path) -> float:
-    """Wall seconds of ``run.py --config der`` for ``steps`` steps, less its final
-    evaluation (one episode, played at random)."""
-    run_dir = work / f"ours_{steps}"
+def _ours(game: str, steps: int, work: Path, arm: str = "der") -> float:
+    """Wall seconds of ``run.py --config der`` with ``arm``'s settings for ``steps``
+    steps, less its final evaluation (one episode, played at random)."""
+    run_dir = work / f"{arm}_{steps}"
     env_id = "".join(w.capitalize() for w in game.split("_")) + "NoFrameskip-v4"
+    settings = [a for k, v in ARMS[arm].items() for a in ("--set", f"{k}={v}")]
     args = [sys.executable, "run.py", "--env", env_id, "--config", "der", "--total-steps",
             str(steps), "--set", "final_episodes=1", "--set", "eval_envs=1", "--set",
-            "eval_epsilon=1.0", "--run-dir", str(run_dir), "--no-progress"]  # fmt: skip
+            "eval_epsilon=1.0", *settings, "--run-dir", str(run_dir),
+            "--no-progress"]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(args, cwd=ROOT, env={**os.environ, **ONE_THREAD}, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -217,10 +233,17 @@ def speed(args: argparse.Namespace) -> dict:
     steps = (LEARN_START + args.short, LEARN_START + args.long)
     learning = args.long - args.short
     out: dict = {"game": args.game, "learning_steps": learning, "torch": torch.__version__}
+    arms = args.arms.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        ours = [_ours(args.game, n, work) for n in steps]
-        out["ours_ms_per_learning_step"] = (ours[1] - ours[0]) / learning * 1e3
+        # Each arm's short and long runs, the arms interleaved, so drift hits them alike.
+        per_step: dict[str, list[float]] = {arm: [] for arm in arms}
+        for _ in range(args.repeats):
+            for arm in arms:
+                short, long = (_ours(args.game, n, work, arm) for n in steps)
+                per_step[arm].append((long - short) / learning * 1e3)
+        out["ms_per_learning_step"] = {a: float(np.median(v)) for a, v in per_step.items()}
+        out["ours_ms_per_learning_step"] = out["ms_per_learning_step"][arms[0]]
         if args.peer:
             peer = [_peer(Path(args.peer), Path(args.shim), args.game, n, work) for n in steps]
             out["peer_ms_per_learning_step"] = (peer[1] - peer[0]) / learning * 1e3
@@ -239,8 +262,12 @@ def speed(args: argparse.Namespace) -> dict:
     out["floor_ms"] = out["update_gflop"] / out["core_gflops"] * 1e3
     steps_min = 100_000 * out["ours_ms_per_learning_step"] / 1e3 / 60
     print(f"{args.game} ({n_actions} actions), {learning} learning steps, one thread each:")
-    print(f"  ours: {out['ours_ms_per_learning_step']:.1f} ms per learning step "
+    print(f"  ours ({arms[0]}): {out['ours_ms_per_learning_step']:.1f} ms per learning step "
           f"(a 100k run: about {steps_min:.0f} min of learning)")  # fmt: skip
+    for arm in arms[1:]:
+        ms = out["ms_per_learning_step"][arm]
+        print(f"  {arm}: {ms:.1f} ms per learning step; {arms[0]} is "
+              f"{out['ours_ms_per_learning_step'] / ms:.2f}x it")  # fmt: skip
     if args.peer:
         print(f"  Kaixhin/Rainbow: {out['peer_ms_per_learning_step']:.1f} ms per learning step, "
               f"{out['peer_over_ours']:.2f}x ours")  # fmt: skip
@@ -727,6 +754,10 @@ def main() -> None:
                    help="the folder that maps atari_py onto ale-py")  # fmt: skip
     p.add_argument("--short", type=int, default=500, help="learning steps of the short runs")
     p.add_argument("--long", type=int, default=2500, help="learning steps of the long runs")
+    p.add_argument("--arms", default="der",
+                   help=f"ours with these arms' settings, the first timed against the rest "
+                        f"(of {', '.join(ARMS)}), e.g. der,der-epsilon")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1, help="runs of each arm (median)")
     p.add_argument("--json", help="write the figures here")
     report_json = str(ROOT / "bench" / "atari100k_report.json")
     r = sub.add_parser("report", help="run what the report misses; collect what finishes")

@@ -246,3 +246,13 @@ def test_with_three_arms_every_paired_comparison_is_the_first_against_the_second
     assert "+6.0 [+6.0, +6.0]: ahead |" in text
     assert "der against der-epsilon, per game" in text
     assert "der - der-shift" not in text and "der against der-shift" not in text
+
+
+@pytest.mark.parametrize("arm", sorted(atari100k.SCREENING))
+def test_each_screening_variant_is_der_with_one_key_changed(arm: str) -> None:
+    from agent.config_files import load_config
+
+    der = load_config("BreakoutNoFrameskip-v4", "der").to_dict()
+    variant = load_config("BreakoutNoFrameskip-v4", "der", atari100k.ARMS[arm]).to_dict()
+    changed = {k for k in der if der[k] != variant[k]}
+    assert changed == set(atari100k.SCREENING[arm]), changed
