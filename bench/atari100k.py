@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -213,6 +214,7 @@ def _ours(game: str, steps: int, work: Path, arm: str = "der") -> float:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     wall = time.perf_counter() - start
     result = json.loads((run_dir / "result.json").read_text())
+    shutil.rmtree(run_dir)  # the next repeat's run starts in a fresh directory
     return wall - float(result["final_eval_wall_s"] or 0.0)
 
 

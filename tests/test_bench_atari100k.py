@@ -256,3 +256,18 @@ def test_each_screening_variant_is_der_with_one_key_changed(arm: str) -> None:
     variant = load_config("BreakoutNoFrameskip-v4", "der", atari100k.ARMS[arm]).to_dict()
     changed = {k for k in der if der[k] != variant[k]}
     assert changed == set(atari100k.SCREENING[arm]), changed
+
+
+def test_speed_runs_each_repeat_of_an_arm_in_a_fresh_run_directory(tmp_path, monkeypatch) -> None:
+    # run.py refuses a --run-dir that already holds a run (exit 2); a second repeat of the
+    # same arm and length must not meet the first one's directory.
+    def fake_run(args, **kwargs):
+        run_dir = Path(args[args.index("--run-dir") + 1])
+        if (run_dir / "result.json").exists():
+            raise atari100k.subprocess.CalledProcessError(2, args)
+        run_dir.mkdir(parents=True)
+        (run_dir / "result.json").write_text(json.dumps({"final_eval_wall_s": 0.0}))
+
+    monkeypatch.setattr(atari100k.subprocess, "run", fake_run)
+    walls = [atari100k._ours("Krull", 2_100, tmp_path, "der") for _ in range(2)]
+    assert all(w >= 0.0 for w in walls)
