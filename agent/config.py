@@ -162,6 +162,11 @@ class Config:
     ``shift``: DrQ's random shift (Kostrikov et al. 2021): each observation's frames,
     obs and next_obs each on their own, padded by 4 repeated border pixels and cropped back
     to their size at a random offset."""
+    intensity_scale: float = 0.0
+    """Intensity augmentation of every replay batch (image observations only), after
+    ``augment``, as SPR and DrQ(epsilon) use it: each observation's frames, obs and
+    next_obs each on their own, multiplied by 1 + intensity_scale * clip(N(0, 1), -2, 2).
+    0: none; SPR's and DrQ(epsilon)'s is 0.05."""
     learning_starts: int = 500
     """Environment steps collected before the first update."""
     random_starts: int = 15_000
@@ -318,6 +323,7 @@ class Config:
         default = check.default
         at_least("buffer_size", 1)
         at_least("batch_size", 1)
+        at_least("intensity_scale", 0)
         need(
             self.batch_size <= self.buffer_size,
             f"batch_size ({self.batch_size}) is larger than buffer_size ({self.buffer_size})",

@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 from agent import streams
 from agent.acting import ActionSelector
 from agent.acting.graph import CaptureFn, capture_cuda_graph
-from agent.augment import RandomShift, make_augment
+from agent.augment import Augmentation, make_augment
 from agent.checkpoint import GeneratorState, remove_partial_writes, restore_training, run_pieces
 from agent.config import Config
 from agent.episodes import Episodes
@@ -204,6 +204,11 @@ def check_observations(cfg: Config, spec: EnvSpec) -> None:
             f"invalid config: augment {cfg.augment} moves images, and {cfg.env_id} gives "
             f"vectors of shape {spec.obs_shape}: --set augment=none"
         )
+    if cfg.intensity_scale > 0 and len(spec.obs_shape) != 3:
+        raise UserError(
+            f"invalid config: intensity_scale {cfg.intensity_scale} scales images, and "
+            f"{cfg.env_id} gives vectors of shape {spec.obs_shape}: --set intensity_scale=0"
+        )
 
 
 def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
@@ -340,7 +345,7 @@ class Run:
     """Where this piece runs (:func:`describe_machine`)."""
     software: str = ""
     """What this piece runs with (:func:`describe_software`)."""
-    augment: RandomShift | None = None
+    augment: Augmentation | None = None
     """The augmentation of the replay batches (``augment``), or None."""
     extra_components: dict[str, Any] = field(default_factory=dict)
     """More stateful parts for ``last.pt``, by name (a stacked seed's own streams)."""
@@ -424,7 +429,7 @@ def prepare_run(
         pieces_before=[] if checkpoint is None else run_pieces(checkpoint),
         machine=describe_machine(device),
         software=describe_software(),
-        augment=make_augment(cfg.augment, agent.replay.device, cfg.seed),
+        augment=make_augment(cfg.augment, agent.replay.device, cfg.seed, cfg.intensity_scale),
     )  # fmt: skip
     if checkpoint is None:
         run.obs = episodes.reset(envs)

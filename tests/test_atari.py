@@ -342,6 +342,33 @@ def test_augmented_batches_train_and_resume_exactly(tmp_path: Path, backend: str
     assert torch.equal(a["augment"]["generator"], b["augment"]["generator"])
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_intensity_noise_trains_resumes_exactly_and_its_default_moves_nothing(
+    tmp_path: Path, backend: str
+) -> None:
+    """intensity_scale on both learner paths, after a shift: it changes what is learned,
+    a run resumed halfway is the straight run, and intensity_scale=0 is the shift alone
+    to the bit."""
+    base = {**IMAGE_RUN, "learner_backend": backend, "train_freq": 2, "torso": "der",
+            "augment": "shift"}  # fmt: skip
+    env = "envs.testing:NoisyDQN/Frames-v0"
+    runs = {"shift": {}, "zero": {"intensity_scale": 0.0}, "a": {"intensity_scale": 0.05}}
+    for name, extra in runs.items():
+        train(load_config(env, overrides={**base, **extra}), tmp_path / name, progress=False,
+              echo=lambda _: None)  # fmt: skip
+    half = load_config(env, overrides={**base, "intensity_scale": 0.05, "total_steps": 300})
+    train(half, tmp_path / "b", progress=False, echo=lambda _: None)
+    data = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    whole = load_config(env, overrides={**base, "intensity_scale": 0.05})
+    train(whole, tmp_path / "b", checkpoint=data, progress=False, echo=lambda _: None)
+    shift, zero, a, b = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt")
+                         for d in ("shift", "zero", "a", "b"))  # fmt: skip
+    for key in a["q_network"]:
+        assert torch.equal(a["q_network"][key], b["q_network"][key]), key
+        assert torch.equal(zero["q_network"][key], shift["q_network"][key]), key
+    assert any(not torch.equal(a["q_network"][k], shift["q_network"][k]) for k in a["q_network"])
+
+
 # --------------------------------------------------------------------------- ALE
 def test_missing_atari_extra_is_one_line(tmp_path: Path) -> None:
     code = (

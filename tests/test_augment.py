@@ -1,5 +1,6 @@
-"""DrQ's random shift of replay batches: a replicate padding and a crop, per image, every
-channel alike; its generator saved and restored; on every device and dtype."""
+"""Augmentations of replay batches. DrQ's random shift: a replicate padding and a crop,
+per image, every channel alike. Intensity noise: one factor per image, clipped. Their
+generator saved and restored; on every device and dtype."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICES
 
-from agent.augment import RandomShift, make_augment
+from agent.augment import Augmentation, RandomShift, intensity, make_augment
 from agent.replay import Batch
 
 
@@ -74,6 +75,62 @@ def test_shift_keeps_device_and_dtype(device: str) -> None:
 
 def test_make_augment_names_the_augmentation() -> None:
     assert make_augment("none", torch.device("cpu"), 1) is None
-    assert isinstance(make_augment("shift", torch.device("cpu"), 1), RandomShift)
+    shift = make_augment("shift", torch.device("cpu"), 1)
+    assert isinstance(shift, Augmentation) and shift.shift is not None
+    assert shift.intensity_scale == 0
+    alone = make_augment("none", torch.device("cpu"), 1, intensity_scale=0.05)
+    assert alone is not None and alone.shift is None and alone.intensity_scale == 0.05
     with pytest.raises(ValueError, match="augment must be one of none, shift"):
         make_augment("crop", torch.device("cpu"), 1)
+
+
+def test_intensity_multiplies_each_image_by_one_plus_its_clipped_draw() -> None:
+    # A case by hand: scale 0.5 on images of ones, so each image is its factor. Draws
+    # beyond +-2 are clipped: the factors stay in [1 - 2 * 0.5, 1 + 2 * 0.5] = [0, 2].
+    images = torch.ones(2000, 2, 3, 3, dtype=torch.uint8)
+    n = torch.randn((2000, 1, 1, 1), generator=torch.Generator().manual_seed(5))
+    out = intensity(images, 0.5, torch.Generator().manual_seed(5))
+    assert out.dtype == torch.float32 and out.shape == images.shape
+    expected = 1 + 0.5 * n.clamp(-2, 2)
+    assert torch.equal(out, expected.expand_as(out))  # every channel and pixel alike
+    assert out.min() == 0.0 and out.max() == 2.0  # some draws were beyond +-2
+    frames = torch.randint(0, 256, (4, 2, 3, 3), dtype=torch.uint8)
+    scaled = intensity(frames, 0.05, torch.Generator().manual_seed(1))
+    factor = (1 + 0.05 * torch.randn((4, 1, 1, 1), generator=torch.Generator().manual_seed(1))
+              .clamp(-2, 2))  # fmt: skip
+    assert torch.equal(scaled, frames.float() * factor)  # 0-255 frames stay 0-255, scaled
+
+
+def test_a_shift_without_intensity_draws_what_the_shift_alone_draws() -> None:
+    frames = torch.randint(0, 256, (32, 2, 12, 12), dtype=torch.uint8)
+    batch = Batch(frames, torch.zeros(32, dtype=torch.int64), torch.ones(32), frames.clone(),
+                  torch.zeros(32), torch.ones(32), torch.arange(32), None)  # fmt: skip
+    ours, alone = Augmentation("cpu", 3, pad=4), RandomShift(4, "cpu", seed=3)
+    for _ in range(3):
+        a, b = ours(batch), alone(batch)
+        assert torch.equal(a.obs, b.obs) and torch.equal(a.next_obs, b.next_obs)
+    with_noise = Augmentation("cpu", 3, pad=4, intensity_scale=0.05)(batch)
+    assert with_noise.obs.dtype == torch.float32
+    assert not torch.equal(with_noise.obs, Augmentation("cpu", 3, pad=4)(batch).obs.float())
+
+
+def test_an_augmentation_with_intensity_resumes_its_draws() -> None:
+    images = torch.randint(0, 256, (8, 2, 10, 10), dtype=torch.uint8)
+    a = Augmentation("cpu", 7, pad=4, intensity_scale=0.05)
+    a.images(images)
+    state = a.state_dict()
+    expected = a.images(images)
+    b = Augmentation("cpu", 99, pad=4, intensity_scale=0.05)
+    b.load_state_dict(state)
+    assert torch.equal(b.images(images), expected)
+    with pytest.raises(ValueError, match="intensity_scale must be >= 0"):
+        Augmentation("cpu", 0, intensity_scale=-0.1)
+
+
+@pytest.mark.parametrize("device", [*DEVICES, "meta"])
+def test_intensity_keeps_device_and_float_dtype(device: str) -> None:
+    images = torch.zeros(3, 4, 10, 10, dtype=torch.float64, device=device)
+    generator = torch.Generator("cpu" if device == "meta" else device).manual_seed(0)
+    out = intensity(images, 0.05, generator)
+    assert out.device.type == torch.device(device).type and out.dtype == torch.float64
+    assert out.shape == images.shape
