@@ -4,6 +4,7 @@ per-op cost."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch import nn
 
 from agent.numpy_backend.program import NumpyProgram
@@ -27,9 +28,14 @@ class NumpyForward:
         # All noise factors are drawn by one generator call into one buffer, then
         # scattered into the layers' epsilon views (f(eps_in), then f(eps_out)).
         self._epsilons = [layer.epsilon for layer in program.noisy_linears]
-        self._weight_epsilons = [layer.weight_epsilon for layer in program.noisy_linears]
+        # The outer products through torch views of the same memory: torch.outer is several
+        # times faster than numpy's at these sizes, and exactly the same products.
+        self._weight_epsilons = [
+            torch.from_numpy(layer.weight_epsilon) for layer in program.noisy_linears
+        ]
         sizes = [len(epsilon) for epsilon in self._epsilons]
         self._draw = np.empty(sum(sizes), dtype=self.dtype)
+        self._draw_torch = torch.from_numpy(self._draw)
         self._scratch = np.empty(sum(sizes), dtype=self.dtype)
         ends = np.cumsum([0, *sizes]).tolist()
         self._segments = [
@@ -55,7 +61,7 @@ class NumpyForward:
             self._epsilons, self._weight_epsilons, self._segments, strict=True
         ):
             epsilon[...] = draw[a:c]
-            np.multiply.outer(draw[b:c], draw[a:b], out=weight_epsilon)
+            torch.outer(self._draw_torch[b:c], self._draw_torch[a:b], out=weight_epsilon)
 
     def q_values(self, obs: np.ndarray, noise: bool) -> np.ndarray:
         """The module's output for ``obs``: noisy weights where ``noise``, else the means."""
