@@ -165,38 +165,58 @@ def core_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e9
 
 
-def update_ms(n_actions: int, updates: int = 200) -> float:
-    """The median wall time of one DER update of ours (batch 32 of random frames, the
-    numpy learner), one thread."""
-    import contextlib
+def der_learner(n_actions: int, noisy: bool = True) -> Any:
+    """A DER network (``der``'s, or without its noisy layers as ``der-epsilon``) and its
+    learner, seeded, on the CPU."""
     import copy
 
     from agent.learner import Learner
     from agent.networks import QNetwork
-    from agent.replay import Batch
-    from agent.setup import limit_cpu_threads
 
     torch.manual_seed(0)
     net = QNetwork((4, 84, 84), n_actions, (256,), torso="der", dueling=True,
-                   noisy_layers="all", sigma0=0.1, num_atoms=51, input_scale=255.0)  # fmt: skip
-    learner = Learner(net, copy.deepcopy(net).requires_grad_(False), lr=1e-4)
+                   noisy_layers="all" if noisy else "none", sigma0=0.1, num_atoms=51,
+                   input_scale=255.0)  # fmt: skip
+    return Learner(net, copy.deepcopy(net).requires_grad_(False), lr=1e-4, noise=noisy)
+
+
+def der_batch(n_actions: int, batch_size: int = 32) -> Any:
+    """A replay batch of random frames for a DER update."""
+    from agent.replay import Batch
+
     g = torch.Generator().manual_seed(0)
 
     def frames() -> torch.Tensor:
-        return torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8, generator=g)
+        return torch.randint(0, 256, (batch_size, 4, 84, 84), dtype=torch.uint8, generator=g)
 
-    batch = Batch(frames(), torch.randint(0, n_actions, (32,), generator=g), torch.rand(32),
-                  frames(), torch.zeros(32), torch.full((32,), 0.99**20), torch.arange(32),
-                  torch.rand(32) + 0.5)  # fmt: skip
+    b = batch_size
+    return Batch(frames(), torch.randint(0, n_actions, (b,), generator=g), torch.rand(b),
+                 frames(), torch.zeros(b), torch.full((b,), 0.99**20), torch.arange(b),
+                 torch.rand(b) + 0.5)  # fmt: skip
+
+
+def median_ms(fn: Callable[[], Any], calls: int, warmup: int = 10) -> float:
+    """The median wall time of ``fn()`` in milliseconds, after ``warmup`` calls."""
     times = []
+    for i in range(calls + warmup):
+        start = time.perf_counter()
+        fn()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def update_ms(n_actions: int, updates: int = 200) -> float:
+    """The median wall time of one DER update of ours (batch 32 of random frames, the
+    numpy learner), one thread."""
+    import contextlib
+
+    from agent.setup import limit_cpu_threads
+
+    learner, batch = der_learner(n_actions), der_batch(n_actions)
     with contextlib.ExitStack() as cleanup:
         limit_cpu_threads(1, cleanup)  # as training on a CPU
-        for i in range(updates + 10):
-            start = time.perf_counter()
-            learner.update(batch)
-            if i >= 10:
-                times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+        return median_ms(lambda: learner.update(batch), updates)
 
 
 def _ours(game: str, steps: int, work: Path, arm: str = "der") -> float:
