@@ -56,6 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
+__all__ = ["ARMS", "GAMES", "der_batch", "der_learner", "median_ms", "speed", "update_ms"]
+
 ROOT = Path(__file__).resolve().parent.parent
 LEARN_START = 1600  # DER's, ours and the peer's
 # Kaixhin/Rainbow's README command for data-efficient Rainbow.
@@ -126,7 +128,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "der": {},
     "der-epsilon": EPSILON,
     "der-shift": {"augment": "shift"},
-    "der-epsilon-shift": {**EPSILON, "augment": "shift"},
+    "der-shift-epsilon": {**EPSILON, "augment": "shift"},
 }
 # The screening's variants (tuning seeds 1-2, against der-epsilon; docs/research/log.md
 # #atari100k-screening): der with one exploration or learning key changed each.
