@@ -129,6 +129,10 @@ ARMS: dict[str, dict[str, Any]] = {
     "der-epsilon": EPSILON,
     "der-shift": {"augment": "shift"},
     "der-shift-epsilon": {**EPSILON, "augment": "shift"},
+    # The shift with SPR's and DrQ(epsilon)'s intensity noise, on both arms: screened
+    # against the shift alone before the augmented presets take it or leave it.
+    "der-shift-intensity": {"augment": "shift", "intensity_scale": 0.05},
+    "der-shift-epsilon-intensity": {**EPSILON, "augment": "shift", "intensity_scale": 0.05},
 }
 # The screening's variants (tuning seeds 1-2, against der-epsilon; docs/research/log.md
 # #atari100k-screening): der with one exploration or learning key changed each.

@@ -258,6 +258,17 @@ def test_each_screening_variant_is_der_with_one_key_changed(arm: str) -> None:
     assert changed == set(atari100k.SCREENING[arm]), changed
 
 
+def test_intensity_arms_are_the_shift_arms_with_intensity_noise_added() -> None:
+    from agent.config_files import load_config
+
+    for shift in ("der-shift", "der-shift-epsilon"):
+        plain = load_config("BreakoutNoFrameskip-v4", "der", atari100k.ARMS[shift]).to_dict()
+        noisy = load_config("BreakoutNoFrameskip-v4", "der",
+                            atari100k.ARMS[f"{shift}-intensity"]).to_dict()  # fmt: skip
+        assert {k for k in plain if plain[k] != noisy[k]} == {"intensity_scale"}
+        assert noisy["intensity_scale"] == 0.05 and noisy["augment"] == "shift"
+
+
 def test_speed_runs_each_repeat_of_an_arm_in_a_fresh_run_directory(tmp_path, monkeypatch) -> None:
     # run.py refuses a --run-dir that already holds a run (exit 2); a second repeat of the
     # same arm and length must not meet the first one's directory.
