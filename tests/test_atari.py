@@ -613,3 +613,24 @@ def test_frames_on_the_gpu_train_and_say_where_they_are(tmp_path: Path) -> None:
     assert ran["replay_storage"] == "device"
     saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["replay"]
     assert saved["frames"].device.type == "cpu" and int(saved["valid"].sum()) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_shifted_and_intensity_noised_batches_train_on_the_captured_update(tmp_path: Path) -> None:
+    """On CUDA the update is a captured graph whose inputs are static buffers: batches
+    that intensity noise makes floats must reach it whole, as they reach eager updates."""
+    base = {**IMAGE_RUN, "device": "cuda", "torso": "der", "train_freq": 2,
+            "augment": "shift", "intensity_scale": 0.05}  # fmt: skip
+    env = "envs.testing:NoisyDQN/Frames-v0"
+    runs = {}
+    for name, extra in {"eager": {"capture_graph": False}, "captured": {},
+                        "shift alone": {"intensity_scale": 0.0}}.items():  # fmt: skip
+        result = train(load_config(env, overrides={**base, **extra}), tmp_path / name,
+                       progress=False, echo=lambda _: None)  # fmt: skip
+        assert result.status == "finished" and result.updates > 0
+        runs[name] = load_checkpoint(tmp_path / name / "checkpoints" / "last.pt")["q_network"]
+    for key, value in runs["eager"].items():
+        torch.testing.assert_close(runs["captured"][key], value, rtol=1e-4, atol=1e-5)
+    assert any(not torch.allclose(runs["captured"][k], runs["shift alone"][k])
+               for k in runs["captured"])  # fmt: skip
