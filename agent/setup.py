@@ -346,7 +346,7 @@ class Run:
     software: str = ""
     """What this piece runs with (:func:`describe_software`)."""
     augment: Augmentation | None = None
-    """The augmentation of the replay batches (``augment``), or None."""
+    """The augmentation of the replay batches (``augment``, ``intensity_scale``), or None."""
     extra_components: dict[str, Any] = field(default_factory=dict)
     """More stateful parts for ``last.pt``, by name (a stacked seed's own streams)."""
 
