@@ -15,7 +15,7 @@ the network scales them as it scales frames.
 
 Both draw from one generator, the augmentation's state
 (:meth:`Augmentation.state_dict`), saved in checkpoints for an exact resume; without
-intensity noise a shift draws exactly what :class:`RandomShift` alone draws.
+intensity noise a shift draws exactly the offsets :class:`RandomShift` alone draws.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ SHIFT_PAD = 4  # DrQ's: 84x84 frames, padded to 92x92, cropped back to 84x84
 class RandomShift:
     """Each image ``(C, H, W)`` of a batch shifted by a random offset of up to ``pad``
     pixels in each direction, the border pixels repeated into what comes in (as a
-    replicate padding followed by a crop); every channel of an image alike.
+    replicate padding followed by a crop); every channel of an image alike. The shift
+    step of :class:`Augmentation`, which applies it to batches and saves its generator.
 
     ``device``: where the batches and the generator live; ``seed``: the generator's.
     """
@@ -47,10 +48,6 @@ class RandomShift:
             raise ValueError(f"pad must be >= 0, got {pad}")
         self.pad = int(pad)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def __call__(self, batch: Batch) -> Batch:
-        """``batch`` with its obs and next_obs shifted (independent offsets)."""
-        return batch._replace(obs=self.shift(batch.obs), next_obs=self.shift(batch.next_obs))
 
     def offsets(self, batch_size: int) -> torch.Tensor:
         """``(batch_size, 2)`` offsets (rows, columns) in ``[-pad, pad]``, the next draws,
@@ -70,12 +67,6 @@ class RandomShift:
         index = (rows[:, :, None] * w + cols[:, None, :]).reshape(b, 1, h * w)  # (B, 1, H*W)
         flat = images.reshape(b, c, h * w)
         return flat.gather(2, index.expand(b, c, h * w)).reshape(b, c, h, w)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
 
 
 def intensity(images: torch.Tensor, scale: float, generator: torch.Generator) -> torch.Tensor:
