@@ -36,6 +36,12 @@ with stratified-bootstrap 95% CIs, by rliable), the same over per-game means bes
 published tables of DER, DrQ and SPR, the paired difference of the arms, the
 per-game table beside DER's published scores (the rows of docs/results.md#atari100k, as
 they go there), and draws the curves and the performance profiles.
+
+    python -m bench.atari100k screen [--json bench/atari100k_screening.json]
+
+prints the screening's grid (tuning seeds; docs/research/log.md#atari100k-screening): a
+row per game and seed, every arm's score and its human-normalised difference from
+``--baseline`` (der-epsilon), and per arm how many of those cells it is ahead on.
 """
 
 from __future__ import annotations
@@ -709,6 +715,47 @@ def table(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def screen(runs: Sequence[dict[str, Any]], baseline: str = "der-epsilon") -> list[str]:
+    """The screening as one grid: a row per game and seed that has a run, a column per arm
+    (in ``ARMS`` order) with its final score and, where ``baseline`` ran the same game and
+    seed, the human-normalised difference from it; then per arm, over the cells it shares
+    with ``baseline``: their number, how many it is ahead on, and the mean difference.
+    One or two seeds a game are leads, not results: no interval is given."""
+    by_key = _scores(runs)
+    order = {name: i for i, name in enumerate(ARMS)}
+    arms = sorted({r["arm"] for r in runs}, key=lambda a: (a != baseline, order.get(a, 99), a))
+    game_order = {g.name: i for i, g in enumerate(GAMES)}
+    cells = sorted({(r["game"], int(r["seed"])) for r in runs},
+                   key=lambda c: (game_order.get(c[0], 99), c[1]))  # fmt: skip
+    deltas: dict[str, list[float]] = {a: [] for a in arms}
+    lines = ["| game, seed | " + " | ".join(arms) + " |", "| --- " * (len(arms) + 1) + "|"]
+    for game, seed in cells:
+        base = by_key.get((game, baseline, seed))
+        row = []
+        for arm in arms:
+            score = by_key.get((game, arm, seed))
+            if score is None:
+                row.append("")
+                continue
+            text = f"{score:,.1f}"
+            if base is not None and arm != baseline:
+                delta = BY_NAME[game].normalized(score) - BY_NAME[game].normalized(base)
+                deltas[arm].append(delta)
+                text += f" ({delta:+.3f})"
+            row.append(text)
+        lines.append(f"| {game}, {seed} | " + " | ".join(row) + " |")
+    summary = []
+    for arm in arms:
+        d = deltas[arm]
+        if arm == baseline or not d:
+            summary.append("")
+        else:
+            ahead = sum(x > 0 for x in d)
+            summary.append(f"ahead on {ahead} of {len(d)}, mean {np.mean(d):+.3f}")
+    lines.append(f"| against {baseline} | " + " | ".join(summary) + " |")
+    return lines
+
+
 def plots(runs: Sequence[dict[str, Any]], arms: Sequence[str], out_dir: Path) -> list[Path]:
     """``curves.png`` (each game's training return against steps, the mean of the seeds
     per arm, DER's published score dashed) and ``profiles.png`` (performance profiles of
@@ -808,6 +855,10 @@ def main() -> None:
     t.add_argument("--arms", default="der,der-epsilon")
     t.add_argument("--reps", type=int, default=50_000, help="bootstrap resamples")
     t.add_argument("--plot-dir", help="draw curves.png and profiles.png here")
+    g = sub.add_parser("screen", help="the screening's grid: each arm's score per game and "
+                                      "seed, and its normalised difference from a baseline")
+    g.add_argument("--json", default=str(ROOT / "bench" / "atari100k_screening.json"))
+    g.add_argument("--baseline", default="der-epsilon")
     args = parser.parse_args()
     if args.command == "speed":
         out = speed(args)
@@ -817,6 +868,8 @@ def main() -> None:
         sys.exit(report(args))
     elif args.command == "collect":
         collect(Path(args.sweep), Path(args.json), keep_replay=args.keep_replay)
+    elif args.command == "screen":
+        print("\n".join(screen(read_report(Path(args.json))["runs"], args.baseline)))
     else:
         print(table(args))
         if args.plot_dir:

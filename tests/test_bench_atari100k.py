@@ -282,3 +282,28 @@ def test_speed_runs_each_repeat_of_an_arm_in_a_fresh_run_directory(tmp_path, mon
     monkeypatch.setattr(atari100k.subprocess, "run", fake_run)
     walls = [atari100k._ours("Krull", 2_100, tmp_path, "der") for _ in range(2)]
     assert all(w >= 0.0 for w in walls)
+
+
+def test_the_screening_grid_gives_each_arm_its_normalised_difference_from_the_baseline() -> None:
+    """Pong, seed 1: the baseline at 0.6 normalised, der at 0.85 (+0.25), a variant at 0.35
+    (-0.25); seed 2 has no baseline run, so der's score there is shown and not compared.
+    Boxing, seed 1: der at +0.5 over the baseline. der is ahead on 2 of its 2 compared
+    cells, mean (0.25 + 0.5) / 2."""
+    pong, boxing = atari100k.BY_NAME["Pong"], atari100k.BY_NAME["Boxing"]
+
+    def run(game: atari100k.Game, arm: str, seed: int, normalised: float) -> dict:
+        return {"game": game.name, "arm": arm, "seed": seed,
+                "score": game.random + normalised * (game.human - game.random)}  # fmt: skip
+
+    runs = [run(pong, "der-noisy-epsilon", 1, 0.35), run(pong, "der", 1, 0.85),
+            run(pong, "der-epsilon", 1, 0.6), run(pong, "der", 2, 0.1),
+            run(boxing, "der", 1, 0.75), run(boxing, "der-epsilon", 1, 0.25)]  # fmt: skip
+    lines = atari100k.screen(runs)
+    assert lines[0] == "| game, seed | der-epsilon | der | der-noisy-epsilon |"
+    assert lines[2:5] == [
+        "| Boxing, 1 | 3.1 | 9.1 (+0.500) |  |",
+        "| Pong, 1 | 0.5 | 9.3 (+0.250) | -8.3 (-0.250) |",
+        "| Pong, 2 |  | -17.2 |  |",
+    ]
+    assert lines[5] == ("| against der-epsilon |  | ahead on 2 of 2, mean +0.375 "
+                        "| ahead on 0 of 1, mean -0.250 |")  # fmt: skip
