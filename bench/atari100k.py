@@ -731,13 +731,15 @@ def screen(runs: Sequence[dict[str, Any]], baseline: str = "der-epsilon") -> lis
     lines = ["| game, seed | " + " | ".join(arms) + " |", "| --- " * (len(arms) + 1) + "|"]
     for game, seed in cells:
         base = by_key.get((game, baseline, seed))
+        # Two decimals where all of a game's scores are under 10, as in the per-game table.
+        digits = 2 if max(abs(v) for k, v in by_key.items() if k[0] == game) < 10 else 1
         row = []
         for arm in arms:
             score = by_key.get((game, arm, seed))
             if score is None:
                 row.append("")
                 continue
-            text = f"{score:,.1f}"
+            text = f"{score:,.{digits}f}"
             if base is not None and arm != baseline:
                 delta = BY_NAME[game].normalized(score) - BY_NAME[game].normalized(base)
                 deltas[arm].append(delta)

@@ -301,7 +301,7 @@ def test_the_screening_grid_gives_each_arm_its_normalised_difference_from_the_ba
     lines = atari100k.screen(runs)
     assert lines[0] == "| game, seed | der-epsilon | der | der-noisy-epsilon |"
     assert lines[2:5] == [
-        "| Boxing, 1 | 3.1 | 9.1 (+0.500) |  |",
+        "| Boxing, 1 | 3.10 | 9.10 (+0.500) |  |",  # scores under 10: two decimals
         "| Pong, 1 | 0.5 | 9.3 (+0.250) | -8.3 (-0.250) |",
         "| Pong, 2 |  | -17.2 |  |",
     ]
