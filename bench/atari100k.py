@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -630,6 +630,11 @@ def paired_by_game(
             for g in games}  # fmt: skip
 
 
+def _decimals(scores: Iterable[float]) -> int:
+    """Two decimals where all of a game's scores are under 10 in magnitude, one otherwise."""
+    return 2 if max(abs(x) for x in scores) < 10 else 1
+
+
 def game_rows(
     runs: Sequence[dict[str, Any]],
     arms: Sequence[str],
@@ -655,7 +660,7 @@ def game_rows(
     lines = ["| game | " + " | ".join(header) + " |", "| --- " * (len(header) + 1) + "|"]
     for g in games:
         scores = [[by_key[(g, a, s)] for s in seeds] for a in arms]
-        digits = 2 if max(abs(x) for arm in scores for x in arm) < 10 else 1
+        digits = _decimals(x for arm in scores for x in arm)
         cells = [", ".join(f"{x:.{digits}f}" for x in arm) + f" ({np.mean(arm):.{digits}f})"
                  for arm in scores]  # fmt: skip
         cells.append(f"{BY_NAME[g].der:.1f}")
@@ -727,19 +732,19 @@ def screen(runs: Sequence[dict[str, Any]], baseline: str = "der-epsilon") -> lis
     game_order = {g.name: i for i, g in enumerate(GAMES)}
     cells = sorted({(r["game"], int(r["seed"])) for r in runs},
                    key=lambda c: (game_order.get(c[0], 99), c[1]))  # fmt: skip
+    digits = {g: _decimals(v for (game, _, _), v in by_key.items() if game == g)
+              for g in {game for game, _ in cells}}  # fmt: skip
     deltas: dict[str, list[float]] = {a: [] for a in arms}
     lines = ["| game, seed | " + " | ".join(arms) + " |", "| --- " * (len(arms) + 1) + "|"]
     for game, seed in cells:
         base = by_key.get((game, baseline, seed))
-        # Two decimals where all of a game's scores are under 10, as in the per-game table.
-        digits = 2 if max(abs(v) for k, v in by_key.items() if k[0] == game) < 10 else 1
         row = []
         for arm in arms:
             score = by_key.get((game, arm, seed))
             if score is None:
                 row.append("")
                 continue
-            text = f"{score:,.{digits}f}"
+            text = f"{score:,.{digits[game]}f}"
             if base is not None and arm != baseline:
                 delta = BY_NAME[game].normalized(score) - BY_NAME[game].normalized(base)
                 deltas[arm].append(delta)
