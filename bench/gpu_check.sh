@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks on a CUDA machine, in phases that each fit a 10-minute command.
 #
+#   bash bench/gpu_check.sh tests    # the gpu tests alone (about a minute on an H200)
 #   bash bench/gpu_check.sh verify   # gpu tests, the whole suite, CartPole end to end on cuda
 #   bash bench/gpu_check.sh sanitize # compute-sanitizer memcheck and racecheck, short training run
 #   bash bench/gpu_check.sh bench    # bench/acting.py, replay.py, noisy_forward.py, learner.py
@@ -19,7 +20,7 @@
 # into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
 # Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
 set -u
-phase=${1:?usage: bash bench/gpu_check.sh verify|sanitize|bench|atari|seeds|der|pong|figures}
+phase=${1:?usage: bash bench/gpu_check.sh tests|verify|sanitize|bench|atari|seeds|der|pong|figures}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}
@@ -107,6 +108,12 @@ torch.version.cuda, gymnasium.__version__, torch.cuda.get_device_name())"
 } 2>&1 | tee "$LOGS/machine.log"
 
 case $phase in
+tests)
+    # Cheap enough to lead any lease's command, e.g. before der:
+    #   BUDGET=100 bash bench/gpu_check.sh tests; BUDGET=480 bash bench/gpu_check.sh der
+    step pytest_gpu 120 $PY -m pytest -m gpu -q -rs -p no:cacheprovider
+    grep -E "passed|failed|error" "$LOGS/pytest_gpu.log" | tail -n 1
+    ;;
 verify)
     step pytest_gpu 240 $PY -m pytest -m gpu -q -rs -p no:cacheprovider
     grep -E "passed|failed|error" "$LOGS/pytest_gpu.log" | tail -n 1
