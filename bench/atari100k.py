@@ -147,6 +147,8 @@ SCREENING: dict[str, dict[str, Any]] = {
     "der-sigma0.5": {"sigma0": 0.5},  # SPR's noise scale
     "der-random-starts": {"random_starts": LEARN_START},  # random actions until learning starts
     "der-n10": {"n_step": 10},  # Dopamine's DER
+    # DrQ(epsilon)'s and SPR's: the target network a copy of the online one at every update
+    "der-target1": {"target_update_interval": 1},
 }
 ARMS.update(SCREENING)
 CURVE_BIN = 5_000  # training returns are averaged over bins of this many steps
