@@ -656,8 +656,8 @@ def test_shifted_and_intensity_noised_batches_train_on_the_captured_update(
 ) -> None:
     """As above with a real CUDA graph. cuDNN's default convolution gradients sum with
     atomics in no fixed order, so two eager runs of this torso already differ in the last
-    bits, and Adam spreads that over a run (up to 9e-5 on an H200): deterministic
-    algorithms make the comparison about the batches alone."""
+    bits, and Adam spreads that over a run: deterministic algorithms make the comparison
+    about the batches alone."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     runs = _augmented_runs(tmp_path, {**AUGMENTED_RUN, "device": "cuda"})
