@@ -2,9 +2,10 @@
 
 Precedence, lowest first: ``configs/default.yaml`` < ``configs/<ENV_ID>.yaml`` (or
 ``configs/atari.yaml`` for ALE ids, ``configs/minatar.yaml`` for MinAtar ids) <
-``--config FILE`` < ``--set key=value``. The YAMLs are the checkout's top-level
-``configs/`` folder, which the build ships inside the package as ``agent/configs``
-(:data:`CONFIG_DIR` is whichever of the two this copy of the code has).
+``--config FILE`` < ``--set key=value``. A ``--config`` file may name another as its
+``base`` (a preset's name, or a path from its own folder), laid under it. The YAMLs are
+the checkout's top-level ``configs/`` folder, which the build ships inside the package as
+``agent/configs`` (:data:`CONFIG_DIR` is whichever of the two this copy of the code has).
 Unknown keys, wrong types and invalid values raise :class:`UserError` before
 anything runs.
 """
@@ -24,11 +25,13 @@ from agent.config import Config
 from agent.errors import UserError
 
 __all__ = [
+    "BASE_KEY",
     "CONFIG_DIR",
     "FLAG_MINIMUM",
     "check_flag_values",
     "coerce_value",
     "config_from_dict",
+    "config_layers",
     "config_source",
     "env_config_file",
     "load_config",
@@ -44,6 +47,7 @@ def _config_dir() -> Path:
 
 
 CONFIG_DIR = _config_dir()
+BASE_KEY = "base"  # a config file's key, not a Config field: the file it is laid over
 
 
 _HINTS = typing.get_type_hints(Config)
@@ -202,20 +206,56 @@ def presets(config_dir: Path = CONFIG_DIR) -> list[str]:
     return sorted(p.stem for p in (config_dir / "presets").glob("*.yaml"))
 
 
-def config_source(config_file: str | Path, config_dir: Path = CONFIG_DIR) -> tuple[Path, str]:
+def _is_name(text: str) -> bool:
+    """A preset's name: a word of letters, digits, ``-`` and ``_`` (no ``/`` or ``.``)."""
+    return text.replace("-", "").replace("_", "").isalnum()
+
+
+def config_source(
+    config_file: str | Path, config_dir: Path = CONFIG_DIR, named_by: str | None = None
+) -> tuple[Path, str]:
     """(the file, how to name it) of ``--config``: a shipped preset by name (a word
-    without ``/`` or ``.``, e.g. ``rainbow``), else a path."""
+    without ``/`` or ``.``, e.g. ``rainbow``), else a path. ``named_by``: what named it,
+    for the error (``--config NAME`` unless given)."""
     text = str(config_file)
-    if text.replace("-", "").replace("_", "").isalnum():
+    if _is_name(text):
         preset = config_dir / "presets" / f"{text}.yaml"
         if preset.is_file():
             return preset, f"the {text} preset"
         names = ", ".join(presets(config_dir)) or "none"
         raise UserError(
-            f"--config {text}: no preset of that name (shipped presets: {names}); "
+            f"{named_by or f'--config {text}'}: no preset of that name (shipped presets: {names}); "
             "give a preset's name or a YAML file's path"
         )
     return Path(config_file), text
+
+
+def config_layers(
+    config_file: str | Path, config_dir: Path = CONFIG_DIR
+) -> list[tuple[dict[str, Any], str]]:
+    """The settings of ``--config`` and of the files it names as its ``base`` (a preset's
+    name, or a path from the naming file's folder), each as (mapping, source), the deepest
+    base first: each is laid over the one before it. A chain that comes back to a file it
+    has already read is a :class:`UserError`."""
+    layers: list[tuple[dict[str, Any], str]] = []
+    path, source = config_source(config_file, config_dir)
+    read: set[Path] = set()
+    while True:
+        if path.resolve() in read:
+            chain = " -> ".join([s for _, s in layers] + [source])
+            raise UserError(f"the config files' bases go round ({chain}): remove one 'base' key")
+        read.add(path.resolve())
+        data = _read_yaml(path)
+        base = data.pop(BASE_KEY, None)
+        layers.append((data, source))
+        if base is None:
+            return layers[::-1]
+        if not isinstance(base, str) or not base:
+            raise UserError(
+                f"'base' in {source} must be a preset's name or a YAML file's path, got {base!r}"
+            )
+        named = base if _is_name(base) else path.parent / base
+        path, source = config_source(named, config_dir, named_by=f"base: {base} in {source}")
 
 
 def load_config(
@@ -233,8 +273,8 @@ def load_config(
         _apply(_read_yaml(env_file), f"configs/{env_file.name}", values)
     env_defaults = Config(**{**values, "env_id": env_id})
     if config_file is not None:
-        path, source = config_source(config_file, config_dir)
-        _apply(_read_yaml(path), source, values)
+        for layer, source in config_layers(config_file, config_dir):
+            _apply(layer, source, values)
     _apply(overrides or {}, "--set", values)
     values["env_id"] = env_id
     return Config(**values).validate(env_defaults)

@@ -130,15 +130,18 @@ BY_NAME = {game.name: game for game in GAMES}
 # as DrQ(epsilon) does (epsilon from 1 to 0.01 over the first 5,000 steps).
 EPSILON = {"exploration": "epsilon", "noisy_layers": "none", "epsilon_start": 1.0,
            "epsilon_end": 0.01, "epsilon_fraction": 0.05}  # fmt: skip
+# der-shift and der-shift-epsilon are the presets of those names (a test holds them equal):
+# the shift, on the noisy arm with the screening's floor of 1% random actions.
+SHIFT = {"augment": "shift"}
 ARMS: dict[str, dict[str, Any]] = {
     "der": {},
     "der-epsilon": EPSILON,
-    "der-shift": {"augment": "shift"},
-    "der-shift-epsilon": {**EPSILON, "augment": "shift"},
+    "der-shift": {**SHIFT, "noisy_epsilon": 0.01},
+    "der-shift-epsilon": {**EPSILON, **SHIFT},
     # The shift with SPR's and DrQ(epsilon)'s intensity noise, on both arms: screened
     # against the shift alone before the augmented presets take it or leave it.
-    "der-shift-intensity": {"augment": "shift", "intensity_scale": 0.05},
-    "der-shift-epsilon-intensity": {**EPSILON, "augment": "shift", "intensity_scale": 0.05},
+    "der-shift-intensity": {**SHIFT, "noisy_epsilon": 0.01, "intensity_scale": 0.05},
+    "der-shift-epsilon-intensity": {**EPSILON, **SHIFT, "intensity_scale": 0.05},
 }
 # The screening's variants (tuning seeds 1-2, against der-epsilon; docs/research/log.md
 # #atari100k-screening): der with one exploration or learning key changed each.

@@ -515,6 +515,28 @@ def test_a_lost_life_ends_bootstrapping_in_replay_only_on_a_real_game(
     assert set(state["rewards"][state["valid"]].unique().tolist()) <= {0.0, 1.0}  # clipped
 
 
+@pytest.mark.parametrize("preset", ["der-shift", "der-shift-epsilon"])
+def test_the_shift_presets_train_on_a_real_game(tmp_path: Path, preset: str) -> None:
+    """Each augmented preset as shipped, shortened: 300 steps of Breakout, an update a step
+    from 200 on, one capped evaluation episode. The noisy one keeps its noisy layers under
+    a floor of 1% random actions; its ablation has none and ends its epsilon at 1%."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    cfg = load_config("BreakoutNoFrameskip-v4", preset, overrides={
+        "total_steps": 300, "learning_starts": 200, "buffer_size": 1000, "final_episodes": 1,
+        "eval_envs": 1, "log_interval": 100, "checkpoint_interval": 100_000,
+        "env_kwargs": {"repeat_action_probability": 0.0, "max_num_frames_per_episode": 400},
+    })  # fmt: skip
+    assert cfg.augment == "shift"
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.status == "finished" and result.updates == 101
+    weights = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["q_network"]
+    assert any(k.endswith("weight_sigma") for k in weights) == (preset == "der-shift")
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert acc.Scalars("charts/epsilon")[-1].value == pytest.approx(0.01)
+
+
 def _wrappers(env: gym.Env) -> list[gym.Env]:
     out = []
     while isinstance(env, gym.Wrapper):

@@ -258,6 +258,17 @@ def test_each_screening_variant_is_der_with_one_key_changed(arm: str) -> None:
     assert changed == set(atari100k.SCREENING[arm]), changed
 
 
+@pytest.mark.parametrize("arm", ["der-shift", "der-shift-epsilon"])
+def test_the_shift_arms_are_the_shipped_presets_of_their_names(arm: str) -> None:
+    """The report's arms run as --config der plus their settings; a user runs the preset:
+    the same config, key for key."""
+    from agent.config_files import load_config
+
+    preset = load_config("BreakoutNoFrameskip-v4", arm).to_dict()
+    assert preset == load_config("BreakoutNoFrameskip-v4", "der", atari100k.ARMS[arm]).to_dict()
+    assert preset["augment"] == "shift"
+
+
 def test_intensity_arms_are_the_shift_arms_with_intensity_noise_added() -> None:
     from agent.config_files import load_config
 

@@ -146,6 +146,45 @@ def test_bad_files(tmp_path: Path, config_dir: Path) -> None:
         load_config("Toy-v0", listy, config_dir=config_dir)
 
 
+def test_a_config_file_lays_itself_over_its_base(config_dir: Path, tmp_path: Path) -> None:
+    """A preset's name or a path from the naming file's folder, to any depth; the file's own
+    settings win over its base's, and --set over both."""
+    (config_dir / "presets").mkdir()
+    _write(config_dir / "presets" / "small.yaml", {"batch_size": 4, "gamma": 0.8, "lr": 0.01})
+    _write(config_dir / "presets" / "smaller.yaml", {"base": "small", "batch_size": 2})
+    cfg = load_config("Toy-v0", "smaller", config_dir=config_dir)
+    assert (cfg.batch_size, cfg.gamma, cfg.lr) == (2, 0.8, 0.01)
+    (tmp_path / "mine").mkdir()
+    _write(tmp_path / "mine" / "a.yaml", {"base": "smaller", "gamma": 0.7})
+    _write(tmp_path / "mine" / "b.yaml", {"base": "a.yaml", "lr": 0.03})
+    cfg = load_config("Toy-v0", tmp_path / "mine" / "b.yaml", {"lr": 0.05}, config_dir)
+    assert (cfg.batch_size, cfg.gamma, cfg.lr) == (2, 0.7, 0.05)
+    # An env file's settings that no file of the chain sets stay.
+    assert load_config("Toy-v0", "small", config_dir=config_dir).total_steps == 10_000
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"a.yaml": {"base": "b.yaml"}, "b.yaml": {"base": "a.yaml", "lr": 0.1}},
+         r"the config files' bases go round \(.*a\.yaml -> .*b\.yaml -> .*a\.yaml\)"),
+        ({"a.yaml": {"base": "a.yaml"}}, "bases go round"),
+        ({"a.yaml": {"base": "nope"}},
+         r"base: nope in .*a\.yaml: no preset of that name \(shipped presets: none\)"),
+        ({"a.yaml": {"base": ["der"]}}, r"'base' in .*a\.yaml must be a preset's name"),
+        ({"a.yaml": {"base": "missing.yaml"}}, "cannot read config file .*missing.yaml"),
+        ({"a.yaml": {"base": "b.yaml"}, "b.yaml": {"lrr": 1}}, r"unknown config key 'lrr' in .*b"),
+    ],
+)
+def test_bad_bases_are_user_errors(
+    config_dir: Path, tmp_path: Path, files: dict, message: str
+) -> None:
+    for name, data in files.items():
+        _write(tmp_path / name, data)
+    with pytest.raises(UserError, match=message):
+        load_config("Toy-v0", tmp_path / "a.yaml", config_dir=config_dir)
+
+
 def test_parse_set_reads_yaml_values(config_dir: Path) -> None:
     # YAML 1.1 reads 3e-4 (no dot) as a string; float keys still accept it.
     assert load_config("Toy-v0", overrides=parse_set(["lr=3e-4"]), config_dir=config_dir).lr == 3e-4

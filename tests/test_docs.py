@@ -14,12 +14,13 @@ import markdown
 import pytest
 
 from agent.config import Config
+from agent.config_files import BASE_KEY
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # The research log is dated history: it names the keys of its day, some since renamed.
 CURRENT_DOCS = [path for path in DOCS if "research" not in path.relative_to(ROOT).parts]
-KEYS = set(Config.__dataclass_fields__)
+KEYS = {*Config.__dataclass_fields__, BASE_KEY}  # and a config file's own key
 
 FENCE = re.compile(r"^ *(```|~~~)([^\n]*)\n(.*?)^ *\1 *$", re.M | re.S)
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
