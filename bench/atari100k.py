@@ -35,7 +35,14 @@ prints the aggregates (IQM, median, mean and optimality gap of human-normalised 
 with stratified-bootstrap 95% CIs, by rliable), the same over per-game means beside the
 published tables of DER, DrQ and SPR, the paired difference of the arms, the
 per-game table beside DER's published scores (the rows of docs/results.md#atari100k, as
-they go there), and draws the curves and the performance profiles.
+they go there; ``--published DER,DrQ,SPR`` puts the others' beside them too), and draws
+the curves and the performance profiles. The second report, the augmented presets, keeps
+its runs in a JSON of its own:
+
+    python -m bench.atari100k report --seeds 101-103 --arms der-shift,der-shift-epsilon \
+        --sweep DIR --json bench/atari100k_shift_report.json
+    python -m bench.atari100k table --json bench/atari100k_shift_report.json \
+        --arms der-shift,der-shift-epsilon --published DER,DrQ,SPR
 
     python -m bench.atari100k screen [--json bench/atari100k_screening.json]
 
@@ -646,17 +653,18 @@ def game_rows(
     games: Sequence[str],
     seeds: Sequence[int],
     paired: dict[str, tuple[float, float, float]] | None = None,
+    published: Sequence[str] = ("DER",),
 ) -> list[str]:
     """The per-game table as the results page gives it: each arm's scores seed by seed and
-    their mean (two decimals where a game's scores are all under 10), DER's published
-    score, and the first arm minus the second, paired by seed (mean, Student's t 95%
-    interval, and whether it lies above zero, across it or below); ``paired`` is
-    `paired_by_game`'s answer for them, if the caller has it."""
+    their mean (two decimals where a game's scores are all under 10), the ``published``
+    methods' scores (labels of :data:`PUBLISHED`), and the first arm minus the second,
+    paired by seed (mean, Student's t 95% interval, and whether it lies above zero, across
+    it or below); ``paired`` is `paired_by_game`'s answer for them, if the caller has it."""
     from agent.sweep.stats import verdict
 
     by_key = _scores(runs)
     header = [f"{arms[0]}, seeds {_seeds_text(seeds)} (mean)", *(f"{a} (mean)" for a in arms[1:]),
-              "DER as published"]  # fmt: skip
+              *(f"{label} as published" for label in published)]  # fmt: skip
     if len(arms) >= 2:
         header.append(f"{arms[0]} - {arms[1]}, paired: mean [95% CI]")
         if paired is None:
@@ -668,7 +676,7 @@ def game_rows(
         digits = _decimals(x for arm in scores for x in arm)
         cells = [", ".join(f"{x:.{digits}f}" for x in arm) + f" ({np.mean(arm):.{digits}f})"
                  for arm in scores]  # fmt: skip
-        cells.append(f"{BY_NAME[g].der:.1f}")
+        cells += [f"{getattr(BY_NAME[g], PUBLISHED[label]):.1f}" for label in published]
         if g in paired:
             mean, low, high = paired[g]
             cells.append(f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]: {verdict(low, high)}")
@@ -682,6 +690,9 @@ def table(args: argparse.Namespace) -> str:
     times."""
     from agent.sweep.stats import verdict
 
+    unknown = [p for p in args.published.split(",") if p not in PUBLISHED]
+    if unknown:
+        raise SystemExit(f"--published {unknown[0]}: one of {', '.join(PUBLISHED)}")
     data = read_report(Path(args.json))
     runs = [r for r in data["runs"] if r["arm"] in args.arms.split(",")]
     arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in runs)]
@@ -711,7 +722,7 @@ def table(args: argparse.Namespace) -> str:
     for name, row in per_game.items():
         lines.append(f"| {name} | " + " | ".join(f"{fns[m](row):.3f}" for m in METRICS) + " |")
     paired = paired_by_game(runs, arms[0], arms[1], games, seeds) if len(arms) >= 2 else None
-    lines += ["", *game_rows(runs, arms, games, seeds, paired)]
+    lines += ["", *game_rows(runs, arms, games, seeds, paired, args.published.split(","))]
     if paired:
         verdicts = {"ahead": [], "level": [], "behind": []}
         for g, (_, low, high) in paired.items():
@@ -867,6 +878,8 @@ def main() -> None:
     t.add_argument("--arms", default="der,der-epsilon")
     t.add_argument("--reps", type=int, default=50_000, help="bootstrap resamples")
     t.add_argument("--plot-dir", help="draw curves.png and profiles.png here")
+    t.add_argument("--published", default="DER",
+                   help=f"the published scores beside each game's row, of {','.join(PUBLISHED)}")
     g = sub.add_parser("screen", help="the screening's grid: each arm's score per game and "
                                       "seed, and its normalised difference from a baseline")
     g.add_argument("--json", default=str(ROOT / "bench" / "atari100k_screening.json"))

@@ -74,7 +74,8 @@ def test_the_table_aggregates_per_game_means_beside_the_published_tables(
             for seed, x in zip((101, 102), xs, strict=True)]  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
     text = atari100k.table(argparse.Namespace(json=str(tmp_path / "r.json"),
-                                              arms="der,der-epsilon", reps=200))  # fmt: skip
+                                              arms="der,der-epsilon", reps=200,
+                                              published="DER"))  # fmt: skip
     assert "| per-game means | IQM | median | mean | optimality gap |" in text
     assert "| der | 0.500 | 0.500 | 0.500 | 0.500 |" in text
     assert "| der-epsilon | 0.500 | 0.500 | 0.500 | 0.500 |" in text
@@ -154,7 +155,7 @@ def test_a_report_runs_through_the_sweep_collects_and_resumes(
     assert atari100k.report(again) == 0
     assert not (tmp_path / "sweep2").exists()
     text = atari100k.table(argparse.Namespace(json=str(report), arms="der,der-epsilon",
-                                              reps=200))  # fmt: skip
+                                              reps=200, published="DER"))  # fmt: skip
     assert "1 of 26 games" in text and "| Boxing |" in text and "paired" in text
 
 
@@ -199,7 +200,8 @@ def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(
                       "wall_s": 60.0, "final_eval_s": 6.0, "curve": []}]  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
     text = atari100k.table(argparse.Namespace(json=str(tmp_path / "r.json"),
-                                              arms="der,der-epsilon", reps=500))  # fmt: skip
+                                              arms="der,der-epsilon", reps=500,
+                                              published="DER"))  # fmt: skip
     assert "3 of 26 games" in text
     assert "| game | der, seeds 101-103 (mean) | der-epsilon (mean) | DER as published |" in text
     assert ("| Pong | -7.0, -9.0, -5.0 (-7.0) | -10.0, -12.0, -8.0 (-10.0) | -19.3 "
@@ -226,6 +228,25 @@ def test_the_results_page_gives_the_reports_per_game_rows() -> None:
     assert f"{len(games)} of 26 games so far" in " ".join(page) or len(games) == 26
 
 
+def test_the_per_game_rows_give_the_published_scores_asked_for(tmp_path: Path) -> None:
+    """The second report's rows stand beside DER's, DrQ's and SPR's published means, in the
+    order asked; a label the table does not know ends the command with the ones it does."""
+    arms = (("der-shift", 9.0), ("der-shift-epsilon", 7.0))
+    runs = [{"game": "Breakout", "arm": arm, "seed": seed, "score": score, "wall_s": 60.0,
+             "final_eval_s": 6.0, "curve": []}
+            for seed in (101, 102) for arm, score in arms]  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
+    args = argparse.Namespace(json=str(tmp_path / "r.json"), arms="der-shift,der-shift-epsilon",
+                              reps=200, published="DER,DrQ,SPR")  # fmt: skip
+    text = atari100k.table(args)
+    assert ("| game | der-shift, seeds 101, 102 (mean) | der-shift-epsilon (mean) | DER as "
+            "published | DrQ as published | SPR as published | der-shift - der-shift-epsilon, "
+            "paired") in text
+    assert "| Breakout | 9.00, 9.00 (9.00) | 7.00, 7.00 (7.00) | 1.9 | 16.1 | 17.1 | +2.0" in text
+    with pytest.raises(SystemExit, match="--published DrQe: one of DER, DrQ, SPR"):
+        atari100k.table(argparse.Namespace(**{**vars(args), "published": "DER,DrQe"}))
+
+
 def test_with_three_arms_every_paired_comparison_is_the_first_against_the_second(
     tmp_path: Path,
 ) -> None:
@@ -239,7 +260,7 @@ def test_with_three_arms_every_paired_comparison_is_the_first_against_the_second
                          "wall_s": 60.0, "final_eval_s": 6.0, "curve": []})  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
     args = argparse.Namespace(json=str(tmp_path / "r.json"), arms="der,der-epsilon,der-shift",
-                              reps=200)  # fmt: skip
+                              reps=200, published="DER")  # fmt: skip
     text = atari100k.table(args)
     assert "| der - der-epsilon, paired |" in text
     assert "| der - der-epsilon, paired: mean [95% CI] |" in text
