@@ -241,10 +241,11 @@ def config_layers(
     path, source = config_source(config_file, config_dir)
     read: set[Path] = set()
     while True:
-        if path.resolve() in read:
+        resolved = path.resolve()
+        if resolved in read:
             chain = " -> ".join([s for _, s in layers] + [source])
             raise UserError(f"the config files' bases go round ({chain}): remove one 'base' key")
-        read.add(path.resolve())
+        read.add(resolved)
         data = _read_yaml(path)
         base = data.pop(BASE_KEY, None)
         layers.append((data, source))
