@@ -149,6 +149,10 @@ ARMS: dict[str, dict[str, Any]] = {
     # against the shift alone before the augmented presets take it or leave it.
     "der-shift-intensity": {**SHIFT, "noisy_epsilon": 0.01, "intensity_scale": 0.05},
     "der-shift-epsilon-intensity": {**EPSILON, **SHIFT, "intensity_scale": 0.05},
+    # The shift with the target network copied at every update (DrQ(epsilon)'s and SPR's),
+    # on both arms: screened before the augmented presets take it or leave it.
+    "der-shift-target1": {**SHIFT, "noisy_epsilon": 0.01, "target_update_interval": 1},
+    "der-shift-epsilon-target1": {**EPSILON, **SHIFT, "target_update_interval": 1},
 }
 # The screening's variants (tuning seeds 1-2, against der-epsilon; docs/research/log.md
 # #atari100k-screening): der with one exploration or learning key changed each.

@@ -290,15 +290,17 @@ def test_the_shift_arms_are_the_shipped_presets_of_their_names(arm: str) -> None
     assert preset["augment"] == "shift"
 
 
-def test_intensity_arms_are_the_shift_arms_with_intensity_noise_added() -> None:
+@pytest.mark.parametrize(("suffix", "key", "value"), [("intensity", "intensity_scale", 0.05),
+                                                      ("target1", "target_update_interval", 1)])
+def test_shift_variants_are_the_shift_arms_with_one_key_changed(suffix, key, value) -> None:
     from agent.config_files import load_config
 
     for shift in ("der-shift", "der-shift-epsilon"):
         plain = load_config("BreakoutNoFrameskip-v4", "der", atari100k.ARMS[shift]).to_dict()
-        noisy = load_config("BreakoutNoFrameskip-v4", "der",
-                            atari100k.ARMS[f"{shift}-intensity"]).to_dict()  # fmt: skip
-        assert {k for k in plain if plain[k] != noisy[k]} == {"intensity_scale"}
-        assert noisy["intensity_scale"] == 0.05 and noisy["augment"] == "shift"
+        variant = load_config("BreakoutNoFrameskip-v4", "der",
+                              atari100k.ARMS[f"{shift}-{suffix}"]).to_dict()  # fmt: skip
+        assert {k for k in plain if plain[k] != variant[k]} == {key}
+        assert variant[key] == value and variant["augment"] == "shift"
 
 
 def test_speed_runs_each_repeat_of_an_arm_in_a_fresh_run_directory(tmp_path, monkeypatch) -> None:
