@@ -140,18 +140,19 @@ EPSILON = {"exploration": "epsilon", "noisy_layers": "none", "epsilon_start": 1.
 # der-shift and der-shift-epsilon are the presets of those names (a test holds them equal):
 # the shift, on the noisy arm with the screening's floor of 1% random actions.
 SHIFT = {"augment": "shift"}
+SHIFT_NOISY = {**SHIFT, "noisy_epsilon": 0.01}
 ARMS: dict[str, dict[str, Any]] = {
     "der": {},
     "der-epsilon": EPSILON,
-    "der-shift": {**SHIFT, "noisy_epsilon": 0.01},
+    "der-shift": {**SHIFT_NOISY},
     "der-shift-epsilon": {**EPSILON, **SHIFT},
     # The shift with SPR's and DrQ(epsilon)'s intensity noise, on both arms: screened
     # against the shift alone before the augmented presets take it or leave it.
-    "der-shift-intensity": {**SHIFT, "noisy_epsilon": 0.01, "intensity_scale": 0.05},
+    "der-shift-intensity": {**SHIFT_NOISY, "intensity_scale": 0.05},
     "der-shift-epsilon-intensity": {**EPSILON, **SHIFT, "intensity_scale": 0.05},
     # The shift with the target network copied at every update (DrQ(epsilon)'s and SPR's),
     # on both arms: screened before the augmented presets take it or leave it.
-    "der-shift-target1": {**SHIFT, "noisy_epsilon": 0.01, "target_update_interval": 1},
+    "der-shift-target1": {**SHIFT_NOISY, "target_update_interval": 1},
     "der-shift-epsilon-target1": {**EPSILON, **SHIFT, "target_update_interval": 1},
 }
 # The screening's variants (tuning seeds 1-2, against der-epsilon; docs/research/log.md
