@@ -864,7 +864,9 @@ def main() -> None:
     p.add_argument("--json", help="write the figures here")
     report_json = str(ROOT / "bench" / "atari100k_report.json")
     r = sub.add_parser("report", help="run what the report misses; collect what finishes")
-    r.add_argument("--seeds", default="101-103", help="report seeds (never tuned on)")
+    r.add_argument("--seeds", default="101-103",
+                   help="report seeds (never tuned on): a range (101-103) or a list (1,5); "
+                        "a lone number N is a count, seeds 1..N (seed 2 alone: 2-2)")  # fmt: skip
     r.add_argument("--arms", default="der,der-epsilon", help=f"of {', '.join(ARMS)}")
     r.add_argument("--games", help="comma-separated games (default: all 26)")
     r.add_argument("--sweep", required=True, help="the sweep directory (scratch: resumable)")
