@@ -144,6 +144,9 @@ SHIFT_NOISY = {**SHIFT, "noisy_epsilon": 0.01}
 ARMS: dict[str, dict[str, Any]] = {
     "der": {},
     "der-epsilon": EPSILON,
+    # The third report's noisy agent, the preset of that name (a test holds them equal):
+    # the screening's der-noisy-epsilon, a floor of 1% random actions under the noise.
+    "der-floor": {"noisy_epsilon": 0.01},
     "der-shift": {**SHIFT_NOISY},
     "der-shift-epsilon": {**EPSILON, **SHIFT},
     # The shift with SPR's and DrQ(epsilon)'s intensity noise, on both arms: screened
@@ -360,20 +363,40 @@ def _trial_key(trial: Any) -> tuple[str, str, int]:
     return game, arm, trial.seed
 
 
-def training_curve(run_dir: Path, bin_steps: int = CURVE_BIN) -> list[list[float]]:
-    """[end step of the bin, mean training return of the episodes ending in it] for every
-    bin with an episode, from the run's TensorBoard events (raw game scores)."""
+def training_curve(
+    run_dir: Path, bin_steps: int = CURVE_BIN, tag: str = "charts/episodic_return"
+) -> list[list[float]]:
+    """[end step of the bin, mean of the values logged in it] for every bin with a value of
+    the run's TensorBoard scalar ``tag``: by default the training return of the episodes
+    ending in the bin (raw game scores)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
-    if "charts/episodic_return" not in acc.Tags()["scalars"]:
+    if tag not in acc.Tags()["scalars"]:
         return []
     bins: dict[int, list[float]] = {}
-    for event in acc.Scalars("charts/episodic_return"):
+    for event in acc.Scalars(tag):
         end = -(-event.step // bin_steps) * bin_steps
         bins.setdefault(end, []).append(event.value)
     return [[float(end), float(np.mean(values))] for end, values in sorted(bins.items())]
+
+
+def off_greedy(run_dir: Path, bin_steps: int = CURVE_BIN) -> dict[str, Any] | None:
+    """The share of training actions off the noise-free greedy ones
+    (``exploration/off_greedy_fraction``, logged every ``log_interval`` steps over as many
+    steps each): over the whole run and per bin of ``bin_steps``; None where the run logged
+    none (a run older than that scalar)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tag = "exploration/off_greedy_fraction"
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    if tag not in acc.Tags()["scalars"]:
+        return None
+    values = [event.value for event in acc.Scalars(tag)]
+    return {"mean": round(float(np.mean(values)), 5),
+            "curve": [[end, round(v, 5)] for end, v in training_curve(run_dir, bin_steps, tag)]}
 
 
 def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout, keep_replay: bool = False) -> int:
@@ -405,6 +428,7 @@ def collect(sweep_dir: Path, report: Path, out: Any = sys.stdout, keep_replay: b
             "software": run_software(result),
             "commit": manifest.get("commit"),
             "curve": training_curve(run_dir),
+            "off_greedy": off_greedy(run_dir),
         })  # fmt: skip
         added += 1
         print(f"{game} {arm} seed {trial.seed}: {result['final_eval_return']:.1f} "
@@ -657,24 +681,23 @@ def game_rows(
     arms: Sequence[str],
     games: Sequence[str],
     seeds: Sequence[int],
-    paired: dict[str, tuple[float, float, float]] | None = None,
+    paired: dict[str, dict[str, tuple[float, float, float]]] | None = None,
     published: Sequence[str] = ("DER",),
 ) -> list[str]:
     """The per-game table as the results page gives it: each arm's scores seed by seed and
     their mean (two decimals where a game's scores are all under 10), the ``published``
-    methods' scores (labels of :data:`PUBLISHED`), and the first arm minus the second,
+    methods' scores (labels of :data:`PUBLISHED`), and the first arm minus each other arm,
     paired by seed (mean, Student's t 95% interval, and whether it lies above zero, across
-    it or below); ``paired`` is `paired_by_game`'s answer for them, if the caller has it."""
+    it or below); ``paired`` is `paired_by_game`'s answer for them by the other arm, if the
+    caller has it."""
     from agent.sweep.stats import verdict
 
     by_key = _scores(runs)
+    if paired is None:
+        paired = {b: paired_by_game(runs, arms[0], b, games, seeds) for b in arms[1:]}
     header = [f"{arms[0]}, seeds {_seeds_text(seeds)} (mean)", *(f"{a} (mean)" for a in arms[1:]),
-              *(f"{label} as published" for label in published)]  # fmt: skip
-    if len(arms) >= 2:
-        header.append(f"{arms[0]} - {arms[1]}, paired: mean [95% CI]")
-        if paired is None:
-            paired = paired_by_game(runs, arms[0], arms[1], games, seeds)
-    paired = paired or {}
+              *(f"{label} as published" for label in published),
+              *(f"{arms[0]} - {b}, paired: mean [95% CI]" for b in paired)]  # fmt: skip
     lines = ["| game | " + " | ".join(header) + " |", "| --- " * (len(header) + 1) + "|"]
     for g in games:
         scores = [[by_key[(g, a, s)] for s in seeds] for a in arms]
@@ -682,17 +705,38 @@ def game_rows(
         cells = [", ".join(f"{x:.{digits}f}" for x in arm) + f" ({np.mean(arm):.{digits}f})"
                  for arm in scores]  # fmt: skip
         cells += [f"{getattr(BY_NAME[g], PUBLISHED[label]):.1f}" for label in published]
-        if g in paired:
-            mean, low, high = paired[g]
+        for by_game in paired.values():
+            mean, low, high = by_game[g]
             cells.append(f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]: {verdict(low, high)}")
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
     return lines
 
 
+def off_greedy_rows(
+    runs: Sequence[dict[str, Any]], arms: Sequence[str], games: Sequence[str]
+) -> list[str]:
+    """Per game, each arm's share of training actions off its noise-free greedy ones (the
+    mean over its runs that recorded it); empty where no run of ``arms`` recorded one."""
+    shares: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        if r["arm"] in arms and r.get("off_greedy"):
+            shares.setdefault((r["game"], r["arm"]), []).append(r["off_greedy"]["mean"])
+    shown = [a for a in arms if any(arm == a for _, arm in shares)]
+    if not shown:
+        return []
+    lines = ["| game | " + " | ".join(f"{a}: off-greedy share (runs)" for a in shown) + " |",
+             "| --- " * (len(shown) + 1) + "|"]  # fmt: skip
+    for g in games:
+        cells = [f"{np.mean(shares[(g, a)]):.4f} ({len(shares[(g, a)])})" if (g, a) in shares
+                 else "" for a in shown]  # fmt: skip
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(args: argparse.Namespace) -> str:
-    """The report as markdown: aggregates per arm, the first arm minus the second paired
-    (aggregates and per game, with where the first is ahead, level or behind), the wall
-    times."""
+    """The report as markdown: aggregates per arm, the first arm minus each other arm
+    paired (aggregates and per game, with where the first is ahead, level or behind), the
+    off-greedy shares, the wall times."""
     from agent.sweep.stats import verdict
 
     unknown = [p for p in args.published.split(",") if p not in PUBLISHED]
@@ -711,10 +755,10 @@ def table(args: argparse.Namespace) -> str:
     for arm in arms:
         agg = aggregates(matrices[arm], reps=args.reps)
         lines.append(f"| {arm} | " + " | ".join(_ci(*agg[m]) for m in METRICS) + " |")
-    if len(arms) >= 2:
-        a, b = arms[0], arms[1]
-        diff = paired_difference(matrices[a], matrices[b], reps=args.reps)
-        lines.append(f"| {a} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
+    first, others = arms[0], arms[1:]
+    for b in others:
+        diff = paired_difference(matrices[first], matrices[b], reps=args.reps)
+        lines.append(f"| {first} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
                      + " |")  # fmt: skip
     # The same aggregates over one value a game, the arms' means of their seeds beside the
     # published tables' means, which have no runs to aggregate over.
@@ -726,17 +770,21 @@ def table(args: argparse.Namespace) -> str:
     fns = _metric_fns()
     for name, row in per_game.items():
         lines.append(f"| {name} | " + " | ".join(f"{fns[m](row):.3f}" for m in METRICS) + " |")
-    paired = paired_by_game(runs, arms[0], arms[1], games, seeds) if len(arms) >= 2 else None
+    paired = {b: paired_by_game(runs, first, b, games, seeds) for b in others}
     lines += ["", *game_rows(runs, arms, games, seeds, paired, args.published.split(","))]
-    if paired:
-        verdicts = {"ahead": [], "level": [], "behind": []}
-        for g, (_, low, high) in paired.items():
+    for b, by_game in paired.items():
+        verdicts: dict[str, list[str]] = {"ahead": [], "level": [], "behind": []}
+        for g, (_, low, high) in by_game.items():
             verdicts[verdict(low, high)].append(g)
-        lines += ["", f"{arms[0]} against {arms[1]}, per game (the paired 95% t interval over the "
+        lines += ["", f"{first} against {b}, per game (the paired 95% t interval over the "
                   f"seeds above, across or below zero): ahead on {len(verdicts['ahead'])} "
                   f"({', '.join(verdicts['ahead']) or 'none'}), level on "
                   f"{len(verdicts['level'])}, behind on {len(verdicts['behind'])} "
                   f"({', '.join(verdicts['behind']) or 'none'})"]  # fmt: skip
+    shares = off_greedy_rows(runs, arms, games)
+    if shares:
+        lines += ["", "Share of training actions off the noise-free greedy ones (the floor's "
+                  "and the noise's, or epsilon's), mean over each run's logs:", "", *shares]
     lines += ["", *wall_times(runs)]
     return "\n".join(lines)
 

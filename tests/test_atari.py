@@ -537,6 +537,29 @@ def test_the_shift_presets_train_on_a_real_game(tmp_path: Path, preset: str) -> 
     assert acc.Scalars("charts/epsilon")[-1].value == pytest.approx(0.01)
 
 
+def test_der_floor_trains_on_a_real_game_under_its_floor(tmp_path: Path) -> None:
+    """The third report's preset as shipped, shortened: 300 steps of Breakout, an update a
+    step from 200 on. It keeps der's noisy layers, logs its floor of 1% and the share of
+    actions off the noise-free greedy ones that the report records."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    cfg = load_config("BreakoutNoFrameskip-v4", "der-floor", overrides={
+        "total_steps": 300, "learning_starts": 200, "buffer_size": 1000, "final_episodes": 1,
+        "eval_envs": 1, "log_interval": 100, "checkpoint_interval": 100_000,
+        "env_kwargs": {"repeat_action_probability": 0.0, "max_num_frames_per_episode": 400},
+    })  # fmt: skip
+    assert cfg.noisy_epsilon == 0.01 and cfg.exploration == "noisy" and cfg.augment == "none"
+    result = train(cfg, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert result.status == "finished" and result.updates == 101
+    weights = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["q_network"]
+    assert any(k.endswith("weight_sigma") for k in weights)
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("charts/epsilon")] == pytest.approx([0.01] * 3)
+    shares = [e.value for e in acc.Scalars("exploration/off_greedy_fraction")]
+    assert shares and all(0.0 <= x <= 1.0 for x in shares)
+
+
 def _wrappers(env: gym.Env) -> list[gym.Env]:
     out = []
     while isinstance(env, gym.Wrapper):

@@ -247,26 +247,64 @@ def test_the_per_game_rows_give_the_published_scores_asked_for(tmp_path: Path) -
         atari100k.table(argparse.Namespace(**{**vars(args), "published": "DER,DrQe"}))
 
 
-def test_with_three_arms_every_paired_comparison_is_the_first_against_the_second(
-    tmp_path: Path,
-) -> None:
-    """The aggregates' paired row and the per-game column compare the same two arms: the
-    first (the agent) against the second (its ablation), whatever arms follow."""
+def test_with_three_arms_the_first_is_paired_against_each_of_the_others(tmp_path: Path) -> None:
+    """The third report's table: der-floor against der-epsilon and against der, each in the
+    aggregates (a paired row), per game (a column, in the order of the arms) and in the
+    per-game count; the off-greedy share of the runs that recorded one."""
+    pong = atari100k.BY_NAME["Pong"]
     runs = []
     for seed in (101, 102, 103):
-        for arm, score in (("der", 10.0 + seed), ("der-epsilon", 4.0 + seed),
-                           ("der-shift", 30.0 + seed)):  # fmt: skip
+        # below human (14.6), so that the optimality gap moves with the scores
+        for arm, score in (("der-floor", seed - 113.0), ("der-epsilon", seed - 119.0),
+                           ("der", seed - 111.0)):  # fmt: skip
             runs.append({"game": "Pong", "arm": arm, "seed": seed, "score": score,
-                         "wall_s": 60.0, "final_eval_s": 6.0, "curve": []})  # fmt: skip
+                         "wall_s": 60.0, "final_eval_s": 6.0, "curve": [],
+                         "off_greedy": {"mean": 0.01 * seed / 100, "curve": []}
+                         if arm == "der-floor" else None})  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps({"runs": runs}))
-    args = argparse.Namespace(json=str(tmp_path / "r.json"), arms="der,der-epsilon,der-shift",
+    args = argparse.Namespace(json=str(tmp_path / "r.json"), arms="der-floor,der-epsilon,der",
                               reps=200, published="DER")  # fmt: skip
-    text = atari100k.table(args)
-    assert "| der - der-epsilon, paired |" in text
-    assert "| der - der-epsilon, paired: mean [95% CI] |" in text
-    assert "+6.0 [+6.0, +6.0]: ahead |" in text
-    assert "der against der-epsilon, per game" in text
-    assert "der - der-shift" not in text and "der against der-shift" not in text
+    lines = atari100k.table(args).splitlines()
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| der-floor - ")}
+    ahead, behind = 6.0 / (pong.human - pong.random), -2.0 / (pong.human - pong.random)
+    # Every run of a game moves by the same amount: each metric's difference and both ends
+    # of its interval are that amount (the optimality gap's, below 1 throughout, its negative).
+    for name, delta in (("| der-floor - der-epsilon, paired", ahead),
+                        ("| der-floor - der, paired", behind)):  # fmt: skip
+        cells = rows[name].strip("| ").split(" | ")[1:]
+        for metric, cell in zip(atari100k.METRICS, cells, strict=True):
+            want = -delta if metric == "optimality gap" else delta
+            point, low, high = (float(x) for x in cell.replace("[", "").replace("]", "")
+                                .replace(",", "").split())  # fmt: skip
+            assert point == pytest.approx(want, abs=1e-3) and low <= point <= high
+            assert high - low == pytest.approx(0.0, abs=1e-3)
+    header = next(line for line in lines if line.startswith("| game | der-floor"))
+    assert header.index("der-floor - der-epsilon, paired") < header.index("der-floor - der, paired")
+    pong_row = next(line for line in lines if line.startswith("| Pong | -12.0, -11.0, -10.0"))
+    assert pong_row.endswith("| +6.0 [+6.0, +6.0]: ahead | -2.0 [-2.0, -2.0]: behind |")
+    text = "\n".join(lines)
+    assert "der-floor against der-epsilon, per game" in text and "ahead on 1 (Pong)" in text
+    assert "der-floor against der, per game" in text and "behind on 1 (Pong)" in text
+    assert "| Pong | 0.0102 (3) |" in text  # der-floor's share, the mean of its three runs
+    assert "der - " not in text and "der-epsilon - " not in text
+
+
+def test_the_off_greedy_share_is_read_from_the_runs_events(tmp_path: Path) -> None:
+    """collect's off-greedy record: the logged shares' mean, and their means per bin of
+    5,000 steps; a run that logged none (one older than the scalar) records None."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    for step, share in ((1_000, 0.02), (4_000, 0.04), (6_000, 0.01), (10_000, 0.03)):
+        writer.add_scalar("exploration/off_greedy_fraction", share, step)
+    writer.add_scalar("charts/episodic_return", 5.0, 3_000)
+    writer.close()
+    record = atari100k.off_greedy(tmp_path / "run")
+    assert record == {"mean": pytest.approx(0.025),
+                      "curve": [[5_000.0, pytest.approx(0.03)], [10_000.0, pytest.approx(0.02)]]}
+    assert atari100k.training_curve(tmp_path / "run") == [[5_000.0, 5.0]]
+    SummaryWriter(str(tmp_path / "old")).close()
+    assert atari100k.off_greedy(tmp_path / "old") is None
 
 
 @pytest.mark.parametrize("arm", sorted(atari100k.SCREENING))
@@ -279,15 +317,26 @@ def test_each_screening_variant_is_der_with_one_key_changed(arm: str) -> None:
     assert changed == set(atari100k.SCREENING[arm]), changed
 
 
-@pytest.mark.parametrize("arm", ["der-shift", "der-shift-epsilon"])
-def test_the_shift_arms_are_the_shipped_presets_of_their_names(arm: str) -> None:
+@pytest.mark.parametrize("arm", ["der-shift", "der-shift-epsilon", "der-floor"])
+def test_the_report_arms_are_the_shipped_presets_of_their_names(arm: str) -> None:
     """The report's arms run as --config der plus their settings; a user runs the preset:
     the same config, key for key."""
     from agent.config_files import load_config
 
     preset = load_config("BreakoutNoFrameskip-v4", arm).to_dict()
     assert preset == load_config("BreakoutNoFrameskip-v4", "der", atari100k.ARMS[arm]).to_dict()
-    assert preset["augment"] == "shift"
+    der = load_config("BreakoutNoFrameskip-v4", "der").to_dict()
+    changed = {k for k in der if der[k] != preset[k]}
+    if arm == "der-floor":  # der itself but the floor
+        assert changed == {"noisy_epsilon"} and preset["noisy_epsilon"] == 0.01
+    else:
+        assert "augment" in changed
+
+
+def test_der_floor_is_the_screened_arm() -> None:
+    """The report runs exactly what the tuning seeds screened: der-noisy-epsilon."""
+    assert atari100k.ARMS["der-floor"] == atari100k.ARMS["der-noisy-epsilon"] == {
+        "noisy_epsilon": 0.01}
 
 
 @pytest.mark.parametrize(("suffix", "key", "value"), [("intensity", "intensity_scale", 0.05),

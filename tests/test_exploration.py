@@ -34,6 +34,21 @@ def test_the_floor_replaces_a_share_of_actions_and_marks_exactly_those() -> None
     assert _noisy(0.0).scalars() == {}
 
 
+def test_der_floors_share_of_replaced_actions_is_its_floor_times_1_minus_1_over_a() -> None:
+    """--config der-floor on an 18-action game: a random action replaces the policy's on
+    0.01 x (1 - 1/18) of steps, within four binomial standard deviations."""
+    from agent.config_files import load_config
+
+    cfg = load_config("KrullNoFrameskip-v4", "der-floor")
+    explore = Exploration(cfg.exploration, 18, np.random.default_rng(3),
+                          total_steps=cfg.total_steps, random_starts=cfg.random_starts,
+                          noisy_epsilon=cfg.noisy_epsilon)  # fmt: skip
+    policy = np.full(16, 7, dtype=np.int64)
+    replaced = np.concatenate([explore(policy, step)[1] for step in range(0, 400_000, 16)])
+    share, expected = replaced.mean(), 0.01 * (1 - 1 / 18)
+    assert abs(share - expected) < 4 * np.sqrt(expected * (1 - expected) / len(replaced))
+
+
 def test_epsilon_decays_linearly_over_its_fraction_of_the_run_and_marks_nothing() -> None:
     explore = Exploration("epsilon", 4, np.random.default_rng(0), total_steps=10_000,
                           epsilon_start=1.0, epsilon_end=0.1, epsilon_fraction=0.5)
