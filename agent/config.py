@@ -199,13 +199,16 @@ class Config:
     """Environment steps between target network updates."""
     tau: float = 1.0
     """Target update weight: 1 copies (hard update), < 1 is a Polyak average."""
-    learner_backend: Literal["auto", "torch", "numpy"] = "auto"
+    learner_backend: Literal["auto", "torch", "numpy", "compile"] = "auto"
     """How the update's gradients are computed: ``numpy`` (a numpy program compiled from the
     network, the fastest for small networks on a CPU), ``torch`` (autograd: any network,
-    any device) or ``auto``: numpy where it applies (CPU, the layers it knows), torch
-    elsewhere (a CPU network it cannot compile is named in one warning; ``numpy`` on one is
-    an error). Both compute the same update up to float rounding, so their trajectories
-    differ; the one that ran is written to config.yaml, result.json and the hparams."""
+    any device), ``compile`` (the same autograd update with its loss and backward compiled
+    by ``torch.compile``, on a CPU only: the run prints how long compiling took, or, where
+    it cannot compile, says so in one line and runs the torch update) or ``auto``: numpy
+    where it applies (CPU, the layers it knows), torch elsewhere (a CPU network it cannot
+    compile is named in one warning; ``numpy`` on one is an error). All compute the same
+    update up to float rounding, so their trajectories differ; the one that ran is written
+    to config.yaml, result.json and the hparams."""
 
     # --- evaluation ---
     eval_interval: int = 2_000

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -92,7 +94,12 @@ class Learner:
     ``"torch"`` or ``"numpy"`` force one (``"numpy"`` raises ``ValueError``, naming what
     did not compile, where it does not apply). Both compute the same update,
     up to float rounding; the numpy one is several times cheaper on small networks
-    (docs/research/log.md). :attr:`backend` says which runs.
+    (docs/research/log.md). ``"compile"`` runs the autograd update with its loss (both
+    networks' forwards, the target, the loss, and so their backward) compiled by
+    ``torch.compile`` on a CPU: compiled at the first update, whose time ``announce`` is
+    told in one line; where compiling fails (no C++ compiler, an unsupported platform)
+    ``announce`` says so in one line and the same update runs eagerly.
+    :attr:`backend` says which runs.
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
 
@@ -120,10 +127,11 @@ class Learner:
         tau: float = 1.0,
         noise: bool = True,
         update_noise: float = 1.0,
-        backend: Literal["auto", "torch", "numpy"] = "auto",
+        backend: Literal["auto", "torch", "numpy", "compile"] = "auto",
+        announce: Callable[[str], None] | None = None,
     ) -> None:
-        if backend not in ("auto", "torch", "numpy"):
-            raise ValueError(f"backend must be auto, torch or numpy, got {backend!r}")
+        if backend not in ("auto", "torch", "numpy", "compile"):
+            raise ValueError(f"backend must be auto, torch, numpy or compile, got {backend!r}")
         if update_noise < 0:
             raise ValueError(f"update_noise must be >= 0, got {update_noise}")
         self.q_network = q_network
@@ -165,7 +173,18 @@ class Learner:
                 "autograd computes the updates instead (backend='torch', "
                 "--set learner_backend=torch in a run, chooses it without this warning)",
             )
-        self.backend: Literal["torch", "numpy"] = "numpy" if self._numpy else "torch"
+        self.backend: Literal["torch", "numpy", "compile"] = "numpy" if self._numpy else "torch"
+        # The autograd update's loss, eager or compiled (compiled at its first call).
+        self._loss: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self.loss
+        self._announce = announce or (lambda line: warnings.warn(line, RuntimeWarning,
+                                                                 stacklevel=4))  # fmt: skip
+        self._compiling = False
+        if backend == "compile":
+            if params[0].device.type != "cpu":
+                raise ValueError("the compile learner backend runs on a CPU (on CUDA the "
+                                 "update is captured as a CUDA graph)")  # fmt: skip
+            self._loss = torch.compile(self.loss, dynamic=False)
+            self.backend, self._compiling = "compile", True
 
     def update(self, batch: BatchLike) -> torch.Tensor:
         """One gradient step on ``batch`` (tensors on the networks' device); returns the
@@ -175,12 +194,11 @@ class Learner:
         with noise_switched(self._mean_for_update, False):
             return self._update(batch)
 
-    def _update(self, batch: BatchLike) -> torch.Tensor:
-        if self._numpy is not None:
-            return self._numpy.update(batch)
-        self.draw_update_noise()
+    def loss(self, batch: BatchLike) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The update's loss on ``batch`` under the drawn update noise: (the loss, the
+        per-sample errors ``(B,)``, the Q values of the taken actions ``(B,)``). Written
+        once: eager, compiled and captured updates all run it."""
         batch_size = batch.obs.shape[0]
-
         # One online forward over obs and next_obs together: half the per-call overhead
         # of two forwards, and the same noise for both halves (as in Rainbow).
         obs_both = torch.cat([batch.obs, batch.next_obs])
@@ -189,10 +207,18 @@ class Learner:
         with torch.no_grad():
             out_next_target = self.target_network(batch.next_obs)
         chooser = out_next_online if self.double_dqn else out_next_target
-        loss, errors, q_taken = td_loss(self.objective, out, chooser, out_next_target, batch)
+        return td_loss(self.objective, out, chooser, out_next_target, batch)
 
-        self.optimizer.zero_grad()
-        loss.backward()
+    def _update(self, batch: BatchLike) -> torch.Tensor:
+        if self._numpy is not None:
+            return self._numpy.update(batch)
+        self.draw_update_noise()
+        if self._compiling:
+            loss, errors, q_taken = self._first_compiled(batch)
+        else:
+            self.optimizer.zero_grad()
+            loss, errors, q_taken = self._loss(batch)
+            loss.backward()
         if self.max_grad_norm is not None:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
@@ -201,6 +227,31 @@ class Learner:
         self.running.count += 1
         self.updates += 1
         return errors
+
+    def _first_compiled(self, batch: BatchLike) -> tuple[torch.Tensor, ...]:
+        """The first compiled loss and its backward (both compiled here), timed and
+        announced; where compiling fails, the same loss eagerly (nothing has changed
+        the networks yet: the step comes after)."""
+        self._compiling = False
+        start = time.perf_counter()
+        try:
+            self.optimizer.zero_grad()
+            loss, errors, q_taken = self._loss(batch)
+            loss.backward()
+        except Exception as e:  # no C++ compiler, an unsupported platform or op
+            self._loss, self.backend = self.loss, "torch"
+            # The first line names the cause (InvalidCxxCompiler: No working C++ compiler
+            # found ...); the rest is dynamo's advice on verbose logs.
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            self._announce(f"the update could not be compiled ({reason}): it runs eagerly "
+                           "(--set learner_backend=torch skips the attempt)")  # fmt: skip
+            self.optimizer.zero_grad()
+            loss, errors, q_taken = self.loss(batch)
+            loss.backward()
+            return loss, errors, q_taken
+        self._announce(f"compiled the update in {time.perf_counter() - start:.1f} s "
+                       "(torch.compile)")  # fmt: skip
+        return loss, errors, q_taken
 
     def draw_update_noise(self) -> None:
         """Fresh noise for an update: the online network's (into buffers of its own),

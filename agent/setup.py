@@ -211,8 +211,15 @@ def check_observations(cfg: Config, spec: EnvSpec) -> None:
         )
 
 
-def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int) -> Agent:
-    """Online and target networks, replay, the selectors and the learner of a run."""
+def build_agent(
+    cfg: Config,
+    spec: EnvSpec,
+    device: torch.device,
+    eval_envs: int,
+    echo: Callable[[str], None] | None = None,
+) -> Agent:
+    """Online and target networks, replay, the selectors and the learner of a run;
+    ``echo`` prints the learner's one-line news (how long compiling its update took)."""
     q_network = build_q_network(cfg, spec.obs_shape, spec.n_actions, device, spec.obs_dtype)
     target_network = copy.deepcopy(q_network).requires_grad_(False)  # it never learns
     # Image stacks (C, H, W) of integer frames: each frame stored once (agent/replay/frames.py).
@@ -261,8 +268,9 @@ def build_agent(cfg: Config, spec: EnvSpec, device: torch.device, eval_envs: int
             target_network,
             **learner_settings(cfg, exploration.noisy),
             backend=cfg.learner_backend,
+            announce=echo,
         )
-    except ValueError as e:  # learner_backend numpy where it does not apply or compile
+    except ValueError as e:  # learner_backend numpy or compile where it does not apply
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
     capture = update_capture(device, cfg.capture_graph)
     update = learner.update if capture is None else CapturedUpdate(learner, capture)
@@ -412,7 +420,7 @@ def prepare_run(
             for _ in range(copies)
         ]
         cleanup.callback(close_quietly, *eval_envs)
-    agent = build_agent(cfg, spec, device, copies)
+    agent = build_agent(cfg, spec, device, copies, echo)
     ran = cfg.to_dict() | {"learner_backend": agent.learner.backend}
     if device.type == "cuda":  # where replay_storage auto put the buffer
         ran["replay_storage"] = "device" if agent.replay.storage_device.type == "cuda" else "pinned"

@@ -374,3 +374,25 @@ def test_output_whose_reader_has_gone_ends_quietly() -> None:
         os.close(write_end)
     assert out.stderr == ""
     assert out.returncode == cli.EXIT_BROKEN_PIPE  # 128 + SIGPIPE, as `seq 9 | head -1`'s seq
+
+
+def test_a_run_whose_update_cannot_compile_says_so_in_one_line_and_trains_eagerly(
+    tmp_path: Path,
+) -> None:
+    """learner_backend compile where inductor's C++ compiler is missing (CXX names none
+    that exists): the run prints one line naming the cause, trains on, and its result
+    records the backend that ran."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++")}
+    out = subprocess.run(
+        [sys.executable, "run.py", "--env", "CartPole-v1", "--total-steps", "600",
+         "--set", "learning_starts=200", "--set", "eval_interval=0",
+         "--set", "learner_backend=compile", "--run-dir", str(run_dir), "--no-progress"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    said = [line for line in (out.stdout + out.stderr).splitlines() if "compile" in line]
+    assert len(said) == 1 and "could not be compiled" in said[0] and "C++ compiler" in said[0]
+    assert "Traceback" not in out.stderr
+    assert json.loads((run_dir / "result.json").read_text())["learner_backend"] == "torch"
+
