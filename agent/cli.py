@@ -50,10 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--env", metavar="ENV_ID", help="gymnasium id, e.g. CartPole-v1 or module:Env-v0"
     )
+    from agent.config_files import presets  # light: yaml and the config dataclass
+
     train = p.add_argument_group("training")
     train.add_argument(
         "--config", metavar="FILE|PRESET",
-        help="YAML file of config overrides, or a shipped preset: rainbow",
+        help=f"YAML file of config overrides, or a shipped preset: {', '.join(presets())}",
     )
     train.add_argument(
         "--seed",

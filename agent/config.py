@@ -122,6 +122,13 @@ class Config:
     """Epsilon-greedy only: final probability of a random action."""
     epsilon_fraction: float = 0.1
     """Epsilon-greedy only: fraction of total_steps over which epsilon decays linearly."""
+    epsilon_decay_start: int | Literal["learning_starts"] = 0
+    """Epsilon-greedy only: the env step at which epsilon starts to decay; it holds
+    epsilon_start until then, and decays over epsilon_fraction of total_steps from there.
+    0: from the first step. ``learning_starts``: from the first update (the config's
+    learning_starts), as Dopamine's ``dqn_agent.linearly_decaying_epsilon`` waits for
+    ``JaxDQNAgent.min_replay_history`` (DrQ(epsilon)). A function of the step alone, so a
+    resume follows it as the uninterrupted run would."""
 
     # --- learning ---
     buffer_size: int = 10_000
@@ -314,6 +321,11 @@ class Config:
             0 < self.epsilon_fraction <= 1,
             f"epsilon_fraction must be in (0, 1], got {self.epsilon_fraction}",
             default("epsilon_fraction"),
+        )
+        need(
+            self.epsilon_decay_start == "learning_starts" or self.epsilon_decay_start >= 0,
+            f"epsilon_decay_start must be >= 0 or learning_starts, got {self.epsilon_decay_start}",
+            default("epsilon_decay_start"),
         )
         need(
             not (self.exploration == "noisy" and self.noisy_layers == "none"),

@@ -11,8 +11,13 @@ import numpy as np
 __all__ = ["Exploration", "NoiseSchedule", "epsilon_greedy", "linear_schedule"]
 
 
-def linear_schedule(start: float, end: float, duration: float, step: int) -> float:
-    return end + (start - end) * max(0.0, 1.0 - step / max(duration, 1.0))
+def linear_schedule(
+    start: float, end: float, duration: float, step: int, begin: int = 0
+) -> float:
+    """``start`` until step ``begin``, then linearly to ``end`` over ``duration`` steps,
+    then ``end``."""
+    # max(step - begin, 0) is step itself for begin 0: the schedule of before, to the bit.
+    return end + (start - end) * max(0.0, 1.0 - max(step - begin, 0) / max(duration, 1.0))
 
 
 def epsilon_greedy(
@@ -59,8 +64,9 @@ class NoiseSchedule:
 class Exploration:
     """What the agent plays, given what its selector chose: asked once per step.
 
-    ``epsilon``: epsilon-greedy, epsilon decaying linearly from ``epsilon_start`` to
-    ``epsilon_end`` over ``epsilon_fraction`` of ``total_steps``. ``noisy``: the
+    ``epsilon``: epsilon-greedy, epsilon holding ``epsilon_start`` until step
+    ``epsilon_decay_start``, then decaying linearly to ``epsilon_end`` over
+    ``epsilon_fraction`` of ``total_steps``. ``noisy``: the
     selector's actions (greedy on the noisy net) with a floor of ``noisy_epsilon``
     random ones after the warm-up, marked as ``explored`` so that replay ends the n-step
     returns before them; its acting noise is drawn afresh every ``noise_interval`` steps,
@@ -87,6 +93,7 @@ class Exploration:
         epsilon_start: float = 1.0,
         epsilon_end: float = 0.05,
         epsilon_fraction: float = 0.1,
+        epsilon_decay_start: int = 0,
         noise_interval: int | Literal["episode"] = 1,
         noise_on_repeat: bool = False,
     ) -> None:
@@ -103,6 +110,7 @@ class Exploration:
         self.noisy_epsilon = noisy_epsilon
         self.epsilon_start, self.epsilon_end = epsilon_start, epsilon_end
         self.decay_steps = epsilon_fraction * total_steps
+        self.decay_start = int(epsilon_decay_start)
         self.epsilon = epsilon_start if kind == "epsilon" else noisy_epsilon
         """The probability of a random action at the last step asked (for the logs)."""
         self._off_greedy = [0, 0]  # actions played off the noise-free greedy ones, of those seen
@@ -143,7 +151,7 @@ class Exploration:
         explored = None
         if self.kind == "epsilon":
             self.epsilon = linear_schedule(
-                self.epsilon_start, self.epsilon_end, self.decay_steps, step
+                self.epsilon_start, self.epsilon_end, self.decay_steps, step, self.decay_start
             )
             actions = epsilon_greedy(actions, self.epsilon, self.rng, self.n_actions)
         elif self.noisy_epsilon > 0 and step >= self.random_starts:

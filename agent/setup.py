@@ -284,11 +284,16 @@ def build_agent(
 
 def build_exploration(cfg: Config, n_actions: int) -> Exploration:
     """The run's exploration policy, on its own random stream."""
+    # The config's learning_starts, not the counters' (which a resume without its buffer
+    # pushes back): the schedule stays a function of the step alone.
+    decay_start = (cfg.learning_starts if cfg.epsilon_decay_start == "learning_starts"
+                   else cfg.epsilon_decay_start)  # fmt: skip
     return Exploration(
         cfg.exploration, n_actions, np.random.default_rng([cfg.seed, streams.EXPLORATION]),
         total_steps=cfg.total_steps, random_starts=cfg.random_starts,
         noisy_epsilon=cfg.noisy_epsilon, epsilon_start=cfg.epsilon_start,
         epsilon_end=cfg.epsilon_end, epsilon_fraction=cfg.epsilon_fraction,
+        epsilon_decay_start=decay_start,
         noise_interval=cfg.noise_interval, noise_on_repeat=cfg.noise_on_repeat,
     )  # fmt: skip
 

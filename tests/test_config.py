@@ -73,6 +73,9 @@ def test_unknown_key_is_rejected_with_a_suggestion(config_dir: Path) -> None:
         ("max_grad_norm", "none"),
         ("noise_interval", "step"),
         ("noise_interval", 2.5),
+        ("epsilon_decay_start", "learning"),
+        ("epsilon_decay_start", 1.5),
+        ("epsilon_decay_start", True),
     ],
 )
 def test_wrong_types_are_rejected(config_dir: Path, key: str, value: object) -> None:
@@ -85,6 +88,29 @@ def test_noise_interval_takes_a_step_count_or_episode(config_dir: Path) -> None:
     assert cfg.noise_interval == 4
     cfg = load_config("Toy-v0", overrides={"noise_interval": "episode"}, config_dir=config_dir)
     assert cfg.noise_interval == "episode"
+
+
+def test_the_epsilon_decay_starts_at_a_step_or_when_learning_starts(config_dir: Path) -> None:
+    """A step count, or learning_starts (resolved to the config's learning_starts where
+    the exploration is built); a negative step is one line naming the fix. The key rides
+    in the saved config, so a resume builds the same schedule."""
+    from agent.setup import build_exploration
+
+    assert load_config("Toy-v0", config_dir=config_dir).epsilon_decay_start == 0
+    for value, step in ((250, 250), ("learning_starts", 1_000)):
+        cfg = load_config("Toy-v0", overrides={"epsilon_decay_start": value,
+                                               "learning_starts": 1_000}, config_dir=config_dir)
+        assert cfg.epsilon_decay_start == value
+        resumed = config_from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict())), "last.pt")
+        assert resumed.epsilon_decay_start == value
+        assert build_exploration(resumed, 2).decay_start == step
+    cfg = load_config("Toy-v0", overrides=parse_set(["epsilon_decay_start=learning_starts"]),
+                      config_dir=config_dir)
+    assert cfg.epsilon_decay_start == "learning_starts"
+    with pytest.raises(UserError) as e:
+        load_config("Toy-v0", overrides={"epsilon_decay_start": -1}, config_dir=config_dir)
+    assert str(e.value) == ("invalid config: epsilon_decay_start must be >= 0 or "
+                            "learning_starts, got -1: --set epsilon_decay_start=0")
 
 
 def test_a_warm_up_the_user_set_must_end_before_the_run_does(

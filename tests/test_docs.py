@@ -134,7 +134,10 @@ def test_the_site_builds_strictly_with_the_generated_configuration_reference(
     out = subprocess.run(
         [mkdocs, "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(mkdocs).parent)},
+        # PYTHONPATH: the hook's reference comes from this checkout's Config, not from
+        # whichever checkout an editable install of the environment points at.
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(mkdocs).parent),
+             "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     page = (site / "configuration" / "index.html").read_text()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -58,6 +60,44 @@ def test_epsilon_decays_linearly_over_its_fraction_of_the_run_and_marks_nothing(
         assert explore.scalars() == {"charts/epsilon": pytest.approx(epsilon)}
         assert (actions != 0).mean() == pytest.approx(epsilon * 3 / 4, abs=0.015)
         assert explored is None  # epsilon-greedy is the policy: nothing to cut
+
+
+def _epsilon(step: int, **kwargs: Any) -> float:
+    explore = Exploration("epsilon", 4, np.random.default_rng(0), **kwargs)
+    explore(np.zeros(1, dtype=np.int64), step)
+    return explore.epsilon
+
+
+def test_epsilon_holds_its_start_until_the_decay_starts_then_falls_over_its_steps() -> None:
+    """DrQ(epsilon)'s schedule (Dopamine's linearly_decaying_epsilon): 1 until step 1,600,
+    then linearly to 0.01 over 5,000 steps (0.05 of 100k), then 0.01."""
+    drq = {"total_steps": 100_000, "epsilon_start": 1.0, "epsilon_end": 0.01,
+           "epsilon_fraction": 0.05, "epsilon_decay_start": 1_600}  # fmt: skip
+    for step in (0, 1, 800, 1_599, 1_600):
+        assert _epsilon(step, **drq) == 1.0
+    for step in (1_601, 2_850, 4_100, 6_599):
+        assert _epsilon(step, **drq) == pytest.approx(1.0 - 0.99 * (step - 1_600) / 5_000)
+    for step in (6_600, 6_601, 50_000, 99_999):
+        assert _epsilon(step, **drq) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize(("start", "end", "fraction", "total"),
+                         [(1.0, 0.05, 0.1, 150_000), (1.0, 0.01, 0.05, 100_000),
+                          (0.5, 0.1, 1.0, 777), (0.9, 0.0, 0.3, 10)])  # fmt: skip
+def test_a_decay_from_step_0_is_the_schedule_of_before_to_the_bit(
+    start: float, end: float, fraction: float, total: int
+) -> None:
+    """epsilon_decay_start 0 (the default) gives exactly the old formula's floats."""
+
+    def before(step: int) -> float:  # linear_schedule as it was
+        duration = fraction * total
+        return end + (start - end) * max(0.0, 1.0 - step / max(duration, 1.0))
+
+    settings = {"total_steps": total, "epsilon_start": start, "epsilon_end": end,
+                "epsilon_fraction": fraction}  # fmt: skip
+    for step in sorted({0, 1, 3, total // 7, total // 3, int(fraction * total), total - 1}):
+        assert _epsilon(step, **settings) == before(step)
+        assert _epsilon(step, **settings, epsilon_decay_start=0) == before(step)
 
 
 def test_the_same_stream_gives_the_same_actions() -> None:

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from agent import cli
 from agent.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from agent.config import Config
-from agent.config_files import load_config
+from agent.config_files import load_config, presets
 from agent.train import train
 from bench.exact_value import exact_value_of_checkpoint
 
@@ -470,8 +470,9 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--env", "CartPole-v1", "--set", "batch_size=big"], "must be int"),
         (["--env", "CartPole-v1", "--set", "lr"], "key=value"),
         (["--env", "CartPole-v1", "--config", "/nonexistent.yaml"], "cannot read config"),
+        # Every file of configs/presets/, read when the error is raised.
         (["--env", "CartPole-v1", "--config", "rainbo"],
-         "shipped presets: der, der-shift, der-shift-epsilon, rainbow"),
+         f"shipped presets: {', '.join(presets())}"),
         (["--env", "CartPole-v1", "--set", "distributional=true", "--set", "num_atoms=1"],
          "--set num_atoms=51"),
         (["--env", "CartPole-v1", "--config", "rainbow", "--set", "v_min=5", "--set", "v_max=5"],
