@@ -99,7 +99,9 @@ class Learner:
     ``torch.compile`` on a CPU: compiled at the first update, whose time ``announce`` is
     told in one line; where compiling fails (no C++ compiler, an unsupported platform)
     ``announce`` says so in one line and the same update runs eagerly.
-    :attr:`backend` says which runs.
+    :attr:`backend` says which runs. ``autocast`` (``torch.bfloat16``, say) runs the
+    torch and compiled updates' loss under autocast to that dtype (parameters, gradients
+    and Adam stay in theirs); None (default) does not.
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
 
@@ -129,6 +131,7 @@ class Learner:
         update_noise: float = 1.0,
         backend: Literal["auto", "torch", "numpy", "compile"] = "auto",
         announce: Callable[[str], None] | None = None,
+        autocast: torch.dtype | None = None,
     ) -> None:
         if backend not in ("auto", "torch", "numpy", "compile"):
             raise ValueError(f"backend must be auto, torch, numpy or compile, got {backend!r}")
@@ -179,6 +182,9 @@ class Learner:
         self._announce = announce or (lambda line: warnings.warn(line, RuntimeWarning,
                                                                  stacklevel=4))  # fmt: skip
         self._compiling = False
+        self.autocast = autocast
+        if autocast is not None and self._numpy is not None:
+            raise ValueError("autocast applies to the torch and compile learner backends")
         if backend == "compile":
             if params[0].device.type != "cpu":
                 raise ValueError("the compile learner backend runs on a CPU (on CUDA the "
@@ -198,6 +204,12 @@ class Learner:
         """The update's loss on ``batch`` under the drawn update noise: (the loss, the
         per-sample errors ``(B,)``, the Q values of the taken actions ``(B,)``). Written
         once: eager, compiled and captured updates all run it."""
+        if self.autocast is not None:
+            with torch.autocast(batch.obs.device.type, dtype=self.autocast):
+                return self._loss_of(batch)
+        return self._loss_of(batch)
+
+    def _loss_of(self, batch: BatchLike) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch_size = batch.obs.shape[0]
         # One online forward over obs and next_obs together: half the per-call overhead
         # of two forwards, and the same noise for both halves (as in Rainbow).

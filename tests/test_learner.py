@@ -622,6 +622,28 @@ def test_the_compile_backend_runs_on_a_cpu_only() -> None:
         Learner(net, copy.deepcopy(net), lr=1e-3, backend="compile")
 
 
+
+def test_an_autocast_update_computes_its_loss_in_bfloat16_and_steps_in_float32() -> None:
+    """autocast=bfloat16: the loss's products run in bfloat16 (so its errors differ from
+    the float32 update's, a little), the parameters, gradients and Adam stay float32."""
+    torch.manual_seed(0)
+    net = QNetwork((4, 10, 10), 3, (16,), torso="minatar", dueling=True, noisy_layers="all")
+    a = Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-3, backend="torch")
+    b = Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-3, backend="torch",
+                autocast=torch.bfloat16)  # fmt: skip
+    batch = _image_batch(0, (4, 10, 10), 8, torch.float32)
+    errors = []
+    for learner in (a, b):
+        torch.manual_seed(100)
+        errors.append(learner.update(batch))
+    assert not torch.equal(errors[0], errors[1])
+    torch.testing.assert_close(errors[1].float(), errors[0], rtol=0.05, atol=0.05)
+    assert all(p.dtype == torch.float32 for p in b.q_network.parameters())
+    assert b.optimizer.flat_grad.dtype == torch.float32
+    with pytest.raises(ValueError, match="autocast applies to the torch and compile"):
+        Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-3, backend="numpy",
+                autocast=torch.bfloat16)  # fmt: skip
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("torso", "shape"), [("der", (4, 84, 84)), ("minatar", (4, 10, 10))])
 def test_a_compiled_float32_update_is_within_1e_4_of_the_numpy_engines(torso, shape) -> None:
