@@ -105,6 +105,10 @@ class Learner:
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
 
+    A new loss term is written once, in :meth:`loss` (or an override of it in a
+    subclass, which then never runs on the numpy engine): the torch, compiled and
+    captured updates all learn from it.
+
     The head decides the objective: a network with a ``support``
     (:func:`~agent.values.support_of`, a C51 head) learns by the cross entropy to the
     projected target distribution (:class:`~agent.distributional.CategoricalObjective`),
@@ -165,12 +169,19 @@ class Learner:
         self.running = RunningMetrics(params[0].device, params[0].dtype)
         self.updates = 0
         self._numpy: _NumpyUpdate | None = None
+        # The numpy engine derives the built-in loss's gradient by hand: a learner whose
+        # loss adds a term of its own (an auxiliary head, say) learns through autograd.
+        own_loss = type(self).loss is not Learner.loss
+        if backend == "numpy" and own_loss:
+            raise ValueError(f"the numpy learner backend cannot run {type(self).__name__}'s "
+                             "own loss (its gradients are derived by hand for Learner.loss): "
+                             "backend torch or compile")  # fmt: skip
         if backend == "numpy":
             try:
                 self._numpy = _NumpyUpdate.build(self)
             except Unsupported as e:  # NotApplicable too: the backend was asked for
                 raise ValueError(f"the numpy learner backend cannot run {e}") from None
-        elif backend == "auto":
+        elif backend == "auto" and not own_loss:
             self._numpy = compiled_or_none(
                 lambda: _NumpyUpdate.build(self),
                 "autograd computes the updates instead (backend='torch', "

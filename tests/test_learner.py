@@ -644,6 +644,44 @@ def test_an_autocast_update_computes_its_loss_in_bfloat16_and_steps_in_float32()
         Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-3, backend="numpy",
                 autocast=torch.bfloat16)  # fmt: skip
 
+
+class _QPenaltyLearner(Learner):
+    """A loss term of one's own, in one place: the TD loss plus a penalty on the taken
+    actions' Q values (an auxiliary term, as a researcher would add one)."""
+
+    def loss(self, batch):  # type: ignore[no-untyped-def]
+        loss, errors, q_taken = super().loss(batch)
+        return loss + 0.5 * (q_taken**2).mean(), errors, q_taken
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch", "compile"])
+def test_an_auxiliary_term_written_once_is_learned_by_every_update(backend: str) -> None:
+    """The term, added in one method, reaches the gradient whichever update runs: the
+    step equals an eager step on the TD loss plus the term (autograd of the whole); auto
+    never picks the numpy engine, whose gradient would leave the term out."""
+    torch.manual_seed(0)
+    net = QNetwork((4, 10, 10), 3, (16,), torso="minatar", noisy_layers="all",
+                   dtype=torch.float64)  # fmt: skip
+    aux = _QPenaltyLearner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-2, backend=backend,
+                           announce=lambda _: None)  # fmt: skip
+    plain = Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-2, backend="torch")
+    assert aux.backend == ("compile" if backend == "compile" else "torch")
+    batch = _image_batch(0, (4, 10, 10), 8, torch.float64)
+    torch.manual_seed(100)
+    aux.update(batch)
+    # By hand: the same noise, the whole loss's gradient, one Adam step on it.
+    torch.manual_seed(100)
+    plain.draw_update_noise()
+    plain.optimizer.zero_grad()
+    loss, _, q_taken = plain.loss(batch)
+    (loss + 0.5 * (q_taken**2).mean()).backward()
+    plain.optimizer.clip_grad_norm_(10.0)
+    plain.optimizer.step()
+    for pa, pb in zip(aux.q_network.parameters(), plain.q_network.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="cannot run _QPenaltyLearner's own loss"):
+        _QPenaltyLearner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-2, backend="numpy")
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("torso", "shape"), [("der", (4, 84, 84)), ("minatar", (4, 10, 10))])
 def test_a_compiled_float32_update_is_within_1e_4_of_the_numpy_engines(torso, shape) -> None:
