@@ -8,6 +8,7 @@
 #   bash bench/gpu_check.sh atari    # bench/atari.py on cuda: SPS and where the time goes
 #   bash bench/gpu_check.sh seeds    # seeds stacked on cuda: bench/seeds.py, bench/seed_group.py
 #   bash bench/gpu_check.sh der      # one Atari 100k run of --config der on cuda (resumes)
+#   bash bench/gpu_check.sh atari_seeds  # der seeds of one game stacked on cuda: steps/s by S
 #   bash bench/gpu_check.sh pong     # Pong from scratch in one command, its curve (resumes)
 #   bash bench/gpu_check.sh figures  # the figures docs/performance.md lacks, in one command
 #
@@ -20,7 +21,7 @@
 # into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
 # Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
 set -u
-phase=${1:?usage: bash bench/gpu_check.sh tests|verify|sanitize|bench|atari|seeds|der|pong|figures}
+phase=${1:?usage: bash bench/gpu_check.sh tests|verify|sanitize|bench|atari|seeds|der|atari_seeds|pong|figures}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}
@@ -220,6 +221,18 @@ seeds)
 atari)
     step bench_atari 420 $PY -m bench.atari --device cuda --breakdown
     cat "$LOGS/bench_atari.log" | sed -n '/^|/p;/^#/p'
+    ;;
+atari_seeds)
+    # S der seeds of Krull stacked in one process against one seed alone (its single-run
+    # CUDA-graph path): each variant's env steps/s between steps 2,000 and 10,000, so the
+    # start-up and the final evaluation (one episode a seed here) stay out of the figure;
+    # rows print as they land, so a command cut short still reports the ones it finished.
+    # A dry run on a CPU: DEVICE=cpu SEEDS=2 STEPS=2500 WINDOW="1700 2400".
+    step atari_seeds "${LIMIT:-560}" $PY -m bench.seed_group speed --env KrullNoFrameskip-v4 \
+        --config der --seeds ${SEEDS:-8 16 32} --steps "${STEPS:-10000}" \
+        --window ${WINDOW:-2000 10000} --device "${DEVICE:-cuda}" --set final_episodes=1 \
+        --set eval_envs=1 --set log_interval=100
+    sed -n '/^|/p' "$LOGS/atari_seeds.log"
     ;;
 der)
     # Data-efficient Rainbow on Krull, seed 1, 100k steps and the 100 final episodes on

@@ -12,6 +12,12 @@ included. The single run is timed before and after the groups, so drift shows. P
 per variant as it finishes, the wall time, env steps per second summed over seeds, and
 the per-seed throughput against the first lone run.
 
+``--config`` and ``--set`` pass a preset and overrides to every command (an Atari 100k
+group: ``--env KrullNoFrameskip-v4 --config der``). ``--window A B`` adds, per variant,
+the env steps per second between steps A and B of seed 1's run, read from the wall
+times of its ``charts/episodes`` scalar (logged every ``log_interval`` steps): the steady
+state, without the start-up, learning's warm-up, compiling or the final evaluation.
+
 ``agree``: the same seeds as one group and each alone (the env's own config, early
 stop on), then solve rate, median steps to solve and the final return's IQM of both,
 with 95% bootstrap CIs of the differences (seeds resampled in each arm). A group's
@@ -51,32 +57,66 @@ def timed(args: list[str], core: int | None) -> float:
     return wall
 
 
+def window_seconds(run_dir: Path, first: int, last: int) -> float:
+    """Wall seconds between the run's first logged step at or past ``first`` and its first
+    at or past ``last`` (the ``charts/episodes`` scalar, logged every ``log_interval``)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("charts/episodes")
+    at = {}
+    for bound in (first, last):
+        hits = [e.wall_time for e in events if e.step >= bound]
+        if not hits:
+            raise SystemExit(f"{run_dir} logged nothing at step {bound} or later: "
+                             "--steps must reach the window's end")  # fmt: skip
+        at[bound] = min(hits)
+    return at[last] - at[first]
+
+
 def speed(args: argparse.Namespace) -> None:
     common = ["--env", args.env, "--total-steps", str(args.steps), "--no-progress", "--device",
               args.device, "--set", "early_stop=false", "--set", "torch_threads=1"]  # fmt: skip
+    if args.config:
+        common += ["--config", args.config]
+    for setting in args.set or []:
+        common += ["--set", setting]
     print(f"{args.env}, {args.steps:,} steps per seed, one core, --device {args.device}; "
           f"{machine()}")  # fmt: skip
     # Each row is printed as it lands, against the first lone run, so that a command cut
     # off by its time limit still reports the rows it finished.
-    print("\n| variant | wall s | env steps/s, all seeds | per-seed throughput vs alone |")
-    print("|---|---|---|---|", flush=True)
+    window = f", steps {args.window[0]:,}-{args.window[1]:,}" if args.window else ""
+    print("\n| variant | wall s | env steps/s, all seeds | per-seed throughput vs alone |"
+          + (f" steps/s, all seeds{window} | per-seed time vs alone{window} |" if window else ""))
+    print("|---|---|---|---|" + ("---|---|" if window else ""), flush=True)
     alone: list[float] = []
+    alone_window: list[float] = []
 
-    def row(name: str, s: int, wall: float) -> None:
+    def row(name: str, s: int, wall: float, run_dir: Path) -> None:
         sps = s * args.steps / wall
-        print(f"| {name} | {wall:.1f} | {sps:,.0f} | {alone[0] * s / wall:.2f}x |", flush=True)
+        line = f"| {name} | {wall:.1f} | {sps:,.0f} | {alone[0] * s / wall:.2f}x |"
+        if args.window:
+            first, last = args.window
+            seconds = window_seconds(run_dir, first, last)
+            if not alone_window:
+                alone_window.append(seconds)
+            # the time a seed-step takes in the group, against one seed's alone
+            line += f" {s * (last - first) / seconds:,.0f} | {seconds / s / alone_window[0]:.2f}x |"
+        print(line, flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
 
         def single(tag: str) -> None:
             wall = timed([*common, "--seed", "1", "--run-dir", f"{tmp}/single{tag}"], args.core)
             alone.append(wall)
-            row(f"one seed alone (run.py --seed 1){tag}", 1, wall)
+            row(f"one seed alone (run.py --seed 1){tag}", 1, wall, Path(f"{tmp}/single{tag}"))
 
         single("")
         for s in args.seeds:
             wall = timed([*common, "--seeds", f"1-{s}", "--run-dir", f"{tmp}/group{s}"], args.core)
-            row(f"{s} seeds in one process (run.py --seeds 1-{s})", s, wall)
+            row(f"{s} seeds in one process (run.py --seeds 1-{s})", s, wall,
+                Path(f"{tmp}/group{s}/seed_1"))  # fmt: skip
         single(", again")
     if len(alone) == 2:
         print(f"\n(lone runs: {alone[0]:.1f} s and {alone[1]:.1f} s; the ratios use the first)")
@@ -139,6 +179,10 @@ def main() -> None:
     fast.add_argument("--seeds", type=int, nargs="+", default=[16], help="group sizes")
     fast.add_argument("--steps", type=int, default=20_000, help="env steps per seed")
     fast.add_argument("--device", default="cpu", help="cpu, or cuda: the groups on the GPU")
+    fast.add_argument("--config", help="a preset or YAML for every command (e.g. der)")
+    fast.add_argument("--set", action="append", help="KEY=VALUE for every command")
+    fast.add_argument("--window", type=int, nargs=2, metavar=("A", "B"),
+                      help="also the steps/s between env steps A and B (e.g. 2000 10000)")
     same = sub.add_parser("agree", help="the same seeds together and alone: the statistics")
     same.add_argument("--seeds", default="101-120", help="a range (101-120) or a list")
     same.add_argument("--keep", help="write the runs here (kept) instead of a temporary directory")
