@@ -111,8 +111,9 @@ class StackedConv2d(nn.Module):
     ``torch.func.vmap`` of a convolution also becomes): on CPU, oneDNN's grouped weight
     gradient sums in another order than the seed's own convolution (relative 1e-6 to
     5e-6 in fp32 for the first layers of the DER and Nature torsos), while a call per seed
-    is the single network's convolution itself, to the bit. A convolution's arithmetic
-    dwarfs a call's fixed cost, so the S calls cost little beside one.
+    is the call the seed's single network makes, so the same kernels (bitwise in
+    tests/test_seeds_images.py). The price is S-1 more calls' fixed cost per layer; against
+    one grouped call it is not measured yet.
     """
 
     def __init__(self, layers: list[nn.Conv2d]) -> None:
