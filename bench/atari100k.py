@@ -559,7 +559,10 @@ def report(args: argparse.Namespace) -> int:
     if args.ray_address is None:
         from agent.sweep.local import run_local
 
-        return run_local(sweep_dir, manifest, trials, progress=False, on_done=landed)
+        # Lone runs, as on Ray (one seed a task): the report's scores do not depend on
+        # whether Ray ran them.
+        return run_local(sweep_dir, manifest, trials, progress=False, on_done=landed,
+                         stack_images=False)  # fmt: skip
     from agent.sweep.driver import run_sweep
 
     address = None if args.ray_address == "local" else args.ray_address

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import DEVICES
 
-from agent.replay import Batch, ReplayBuffer
+from agent.replay import Batch, FrameReplayBuffer, ReplayBuffer
 
 
 def _layouts() -> list:
@@ -646,3 +646,10 @@ def test_storage_bytes_is_what_the_ring_allocates() -> None:
         buf = ReplayBuffer(100, shape, dtype, device="cpu", float_dtype=torch.float64)
         expected = ReplayBuffer.storage_bytes(100, shape, np.dtype(dtype), torch.float64)
         assert expected == 100 * buf.bytes_per_transition
+    for envs in (1, 3):  # one frame a slot, ceil(capacity / num_envs) slots per env
+        frames = FrameReplayBuffer(100, (4, 8, 8), np.uint8, device="cpu", num_envs=envs,
+                                   float_dtype=torch.float64)  # fmt: skip
+        expected = FrameReplayBuffer.storage_bytes(100, (4, 8, 8), np.dtype(np.uint8),
+                                                   torch.float64, envs)  # fmt: skip
+        allocated = sum(t.numel() * t.element_size() for t in frames._tensors.values())
+        assert expected == allocated

@@ -171,9 +171,6 @@ def test_what_cannot_train_together_is_refused_in_one_line(tmp_path: Path) -> No
         train_group(cfgs, [tmp_path / "a", tmp_path / "b"], [None, None], progress=False)
     with pytest.raises(UserError, match="listed twice"):
         train_group(_configs([1, 1]), [tmp_path / "a", tmp_path / "b"], [None, None])
-    frames = load_config("envs.testing:NoisyDQN/Frames-v0", overrides={"device": "cpu"})
-    with pytest.raises(UserError, match="images"):
-        train_group([frames], [tmp_path / "c"], [None])
     with pytest.raises(UserError, match="--set eval_vector=sync"):
         train_group(_configs([1, 2], eval_vector="async"), [tmp_path / "a", tmp_path / "b"],
                     [None, None], progress=False)  # fmt: skip
@@ -320,3 +317,104 @@ def test_ctrl_c_in_the_final_evaluation_interrupts_the_group_and_its_resume_play
     assert [r.status for r in again] == ["finished"] * 2
     assert [r.final_eval_return for r in again] == [r.final_eval_return for r in first]
     assert [r.updates for r in again] == [r.updates for r in first]
+
+
+# Image seeds: the DER preset on the test env of 36x36 uint8 frame stacks (3 lives, short
+# episodes), shortened; the frame replay, prioritized, 20-step returns, C51 and noise all on.
+FRAMES = "envs.testing:NoisyDQN/Frames-v0"
+FRAMES_RUN = {
+    "total_steps": 300, "learning_starts": 100, "buffer_size": 1_000, "batch_size": 8,
+    "train_freq": 2, "target_update_interval": 50, "n_step": 3, "final_episodes": 2,
+    "eval_envs": 1, "log_interval": 100, "checkpoint_interval": 100_000, "device": "cpu",
+    "env_kwargs": {},
+}  # fmt: skip
+
+
+def _image_group(
+    root: Path, seeds: list[int], checkpoints: list | None = None, **overrides: object
+) -> list[TrainResult]:
+    cfgs = [load_config(FRAMES, "der", overrides={**FRAMES_RUN, **overrides, "seed": s})
+            for s in seeds]  # fmt: skip
+    results = train_group(cfgs, [root / f"seed_{s}" for s in seeds],
+                          checkpoints or [None] * len(seeds), progress=False,
+                          echo=lambda _: None)  # fmt: skip
+    assert all(isinstance(r, TrainResult) for r in results), results
+    return results  # type: ignore[return-value]
+
+
+def test_image_seeds_stack_and_each_is_its_own_run(tmp_path: Path) -> None:
+    """Seed 1 alone and beside seed 2: the same run to the bit; the frame replay per seed."""
+    _image_group(tmp_path / "alone", [1])
+    _image_group(tmp_path / "with2", [2, 1])
+    _same_run(tmp_path / "alone" / "seed_1", tmp_path / "with2" / "seed_1")
+    last = load_checkpoint(tmp_path / "with2" / "seed_2" / "checkpoints" / "last.pt")
+    assert "frames" in last["replay"]  # each seed kept a frame replay of its own
+    assert any(k.startswith("torso.convs.0.") for k in last["q_network"])
+
+
+def test_an_image_group_resumes_exactly(tmp_path: Path) -> None:
+    """2N steps straight == N, then a resume of the whole group to 2N (the buffers kept).
+    Uniform replay: prioritized replay anneals its beta over total_steps, which differ."""
+    uniform = {"prioritized_replay": False}
+    _image_group(tmp_path / "a", [1, 2], total_steps=400, **uniform)
+    _image_group(tmp_path / "b", [1, 2], total_steps=200, **uniform)
+    saved = [load_checkpoint(tmp_path / "b" / f"seed_{s}" / "checkpoints" / "last.pt")
+             for s in (1, 2)]  # fmt: skip
+    _image_group(tmp_path / "b", [1, 2], saved, total_steps=400, **uniform)
+    for seed in (1, 2):
+        _same_run(tmp_path / "a" / f"seed_{seed}", tmp_path / "b" / f"seed_{seed}")
+
+
+def test_three_der_seeds_train_on_breakout_in_one_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--seeds 3 --config der on a real game, shortened (300 steps, an update a step from
+    200 on, one evaluation episode capped at 400 frames)."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from agent.networks import QNetwork
+
+    sweep = tmp_path / "sweep"
+    settings = {"total_steps": 300, "learning_starts": 200, "buffer_size": 1000,
+                "final_episodes": 1, "eval_envs": 1, "log_interval": 100,
+                "checkpoint_interval": 100_000, "device": "cpu", "env_kwargs":
+                "{repeat_action_probability: 0.0, max_num_frames_per_episode: 400}"}  # fmt: skip
+    argv = ["--env", "BreakoutNoFrameskip-v4", "--config", "der", "--seeds", "3",
+            "--run-dir", str(sweep), "--no-progress"]  # fmt: skip
+    assert cli.main([*argv, *(a for k, v in settings.items() for a in ("--set", f"{k}={v}"))]) == 0
+    out = capsys.readouterr().out
+    assert "3 seeds in one process, networks stacked" in out
+    weights = []
+    for seed in (1, 2, 3):
+        run_dir = sweep / f"seed_{seed}"
+        result = json.loads((run_dir / "result.json").read_text())
+        assert result["status"] == "finished" and result["updates"] == 101
+        assert result["learner_backend"] == "stacked"
+        last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+        weights.append(last["q_network"])
+    for key in ("torso.convs.0.weight", "torso.convs.2.weight", "advantage.2.weight_mu"):
+        assert not torch.equal(weights[0][key], weights[1][key]), key
+        assert not torch.equal(weights[1][key], weights[2][key]), key
+    # A seed's last.pt is a single network's: it loads into a plain QNetwork, and --eval
+    # plays it.
+    net = QNetwork((4, 84, 84), 4, (256,), torso="der", dueling=True, num_atoms=51,
+                   sigma0=0.1, input_scale=255.0)  # fmt: skip
+    net.load_state_dict(weights[1])
+    last = str(sweep / "seed_2" / "checkpoints" / "last.pt")
+    assert cli.main(["--eval", last, "--episodes", "1", "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["episodes"] == 1
+
+
+def test_the_memory_check_counts_an_image_seeds_frame_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three der seeds' 100k-frame replays (about 0.7 GB each) fit in 3 GiB; as whole
+    stacks (frame_replay off, 5.6 GB each) they do not, and the check says so."""
+    import agent.seeds.group as group
+
+    monkeypatch.setattr(group, "available_memory", lambda: 3 * 2**30)
+    cfg = load_config("BreakoutNoFrameskip-v4", "der")
+    group.check_memory(cfg, (4, 84, 84), "uint8", 3)
+    cfg.frame_replay = False
+    with pytest.raises(UserError, match="train fewer seeds at a time"):
+        group.check_memory(cfg, (4, 84, 84), "uint8", 3)

@@ -125,9 +125,11 @@ def test_a_seeds_noise_comes_from_its_own_generator_only() -> None:
 
 
 def test_what_does_not_stack_is_refused() -> None:
-    cnn = [QNetwork((2, 10, 10), 3, (8,)) for _ in range(2)]
-    with pytest.raises(ValueError, match="linear layers only"):
-        stack_networks(cnn)
+    # Convolutional torsos stack (tests/test_seeds_images.py); a layer with parameters of
+    # another kind does not.
+    normed = [nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4)) for _ in range(2)]
+    with pytest.raises(ValueError, match="linear and Conv2d layers only"):
+        stack_networks(normed)
     with pytest.raises(ValueError, match="one architecture"):
         stack_networks([QNetwork((5,), 3, (8,)), QNetwork((5,), 3, (8, 8))])
 

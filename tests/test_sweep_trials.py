@@ -69,3 +69,27 @@ def test_a_resumed_sweep_finishes_its_started_runs_first_then_keeps_the_manifest
     order = [t.run_dir for t in remaining(tmp_path, trials)]
 
     assert order == ["c/seed_1", "c/seed_2", "a/seed_2", "b/seed_2"]
+
+
+@pytest.mark.parametrize("stack", [True, False], ids=["stacked", "lone"])
+def test_a_local_sweep_stacks_image_seeds_unless_asked_for_lone_runs(
+    tmp_path: Path, stack: bool
+) -> None:
+    """Image seeds stack in one process; the Atari 100k report asks for lone runs (as its
+    Ray path runs them), and gets them."""
+    import json
+
+    short = {"total_steps": 120, "learning_starts": 60, "buffer_size": 500, "batch_size": 4,
+             "final_episodes": 1, "eval_envs": 1, "n_step": 1, "device": "cpu",
+             "env_kwargs": {}}  # fmt: skip
+    points = [{"env_id": "envs.testing:NoisyDQN/Frames-v0"}]
+    trials = trials_of_points(None, "der", short, [1, 2], points, ["frames"])
+    manifest = {"sweep_id": "x", "env_id": "frames", "trials": [t.__dict__ for t in trials]}
+    write_manifest(tmp_path, manifest)
+    out = io.StringIO()
+    assert run_local(tmp_path, manifest, trials, progress=False, out=out,
+                     stack_images=stack) == 0  # fmt: skip
+    backends = {json.loads((tmp_path / t.run_dir / "result.json").read_text())["learner_backend"]
+                for t in trials}  # fmt: skip
+    assert (backends == {"stacked"}) is stack
+    assert ("networks stacked" in out.getvalue()) is stack

@@ -209,6 +209,18 @@ class FrameReplayBuffer:
         """Sampled batches' way to the GPU (None for a learner on the host)."""
 
     # ------------------------------------------------------------------ info
+    @staticmethod
+    def storage_bytes(
+        capacity: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype, float_dtype: torch.dtype,
+        num_envs: int = 1,
+    ) -> int:
+        """Bytes of storage a buffer of this configuration allocates (frames, indices and
+        scalars; priorities not counted, as ``ReplayBuffer.storage_bytes`` counts none)."""
+        c, h, w = obs_shape
+        float_item = torch.empty((), dtype=float_dtype).element_size()
+        per_slot = h * w * np.dtype(obs_dtype).itemsize + 2 * c * 8 + 8 + 3 * float_item + 1
+        return num_envs * math.ceil(capacity / num_envs) * per_slot
+
     def __len__(self) -> int:
         return self._size
 

@@ -3,6 +3,7 @@
 from agent.seeds.learner import SeedLearner
 from agent.seeds.stacked import (
     NoiseDraw,
+    StackedConv2d,
     StackedLinear,
     StackedNoisyLinear,
     seed_state_dict,
@@ -14,6 +15,7 @@ from agent.seeds.stacked import (
 __all__ = [
     "NoiseDraw",
     "SeedLearner",
+    "StackedConv2d",
     "StackedLinear",
     "StackedNoisyLinear",
     "seed_state_dict",

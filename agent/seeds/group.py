@@ -40,7 +40,7 @@ from agent.checkpoint import resume_exactness
 from agent.config import Config
 from agent.errors import UserError
 from agent.learner import Metrics, NonFiniteError
-from agent.replay import ReplayBuffer
+from agent.replay import FrameReplayBuffer, ReplayBuffer
 from agent.replay.base import Batch
 from agent.noisy import noise_switched
 from agent.seeds.learner import SeedLearner, diverged
@@ -111,7 +111,10 @@ def available_memory() -> int | None:
 def check_memory(cfg: Config, obs_shape: tuple[int, ...], obs_dtype: str, seeds: int) -> None:
     """A :class:`UserError` when the seeds' replay buffers (one per seed, allocated up
     front) would not fit in the memory available, before anything is allocated."""
-    each = ReplayBuffer.storage_bytes(
+    # The buffer build_agent makes: one frame a transition for integer image stacks.
+    frames = cfg.frame_replay and len(obs_shape) == 3 and obs_dtype == "uint8"
+    buffer = FrameReplayBuffer if frames else ReplayBuffer
+    each = buffer.storage_bytes(
         cfg.buffer_size, obs_shape, np.dtype(obs_dtype), getattr(torch, cfg.dtype)
     )
     free = available_memory()
@@ -273,12 +276,6 @@ def train_group(
             f"{cfgs[0].eval_envs} evaluation workers of its own: --set eval_vector=sync"
         )
     spec = inspect_env(cfgs[0].env_id, cfgs[0].env_kwargs, cfgs[0].wrappers)
-    if len(spec.obs_shape) != 1:
-        raise UserError(
-            f"seeds train together in one process on vector observations only; "
-            f"{cfgs[0].env_id} gives images {spec.obs_shape} (a convolutional network, "
-            "not stacked yet): train its seeds one at a time with --seed"
-        )
     check_memory(cfgs[0], spec.obs_shape, spec.obs_dtype, len(cfgs))
     if len(resume_groups(checkpoints)) > 1:
         raise ValueError("the seeds of a group must resume from one env step (resume_groups)")

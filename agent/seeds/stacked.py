@@ -8,9 +8,10 @@ cost per op S times). Parameter names are those of the single network, so seed `
 state dict is every tensor's ``[i]`` (:func:`seed_state_dict`) and loads into a
 plain :class:`~agent.networks.QNetwork`.
 
-What stacks: networks whose layers are ``nn.Linear`` and
-:class:`~agent.noisy.NoisyLinear` between elementwise activations, with no op that mixes
-rows (``QNetwork``'s MLPs, dueling included). Convolutional torsos do not yet.
+What stacks: networks whose layers are ``nn.Linear``, :class:`~agent.noisy.NoisyLinear`,
+``nn.Conv2d`` and ``nn.Flatten`` between elementwise activations, with no op that mixes
+rows: ``QNetwork``'s MLPs, dueling and C51 heads included, and its convolutional torsos
+(MinAtar, Nature, data-efficient Rainbow's), ``(S, B, C, H, W)`` in.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from agent.networks import QNetwork
@@ -25,6 +27,7 @@ from agent.noisy import NoisyLinear
 
 __all__ = [
     "NoiseDraw",
+    "StackedConv2d",
     "StackedLinear",
     "StackedNoisyLinear",
     "seed_state_dict",
@@ -100,6 +103,49 @@ class StackedNoisyLinear(nn.Module):
         return stacked_affine(bias, x, weight)
 
 
+class StackedConv2d(nn.Module):
+    """S ``nn.Conv2d`` layers, one per seed: ``(S, B, C, H, W) -> (S, B, O, H', W')``;
+    ``weight`` ``(S, O, C, kh, kw)``, ``bias`` ``(S, O)`` (or None, as the layers').
+
+    One convolution call per seed, not one grouped convolution (``groups=S``, which
+    ``torch.func.vmap`` of a convolution also becomes): on CPU, oneDNN's grouped weight
+    gradient sums in another order than the seed's own convolution (relative 1e-6 to
+    5e-6 in fp32 for the first layers of the DER and Nature torsos), while a call per seed
+    is the call the seed's single network makes, so the same kernels (bitwise in
+    tests/test_seeds_images.py). The price is S-1 more calls' fixed cost per layer; against
+    one grouped call it is not measured yet.
+    """
+
+    def __init__(self, layers: list[nn.Conv2d]) -> None:
+        super().__init__()
+        first = layers[0]
+        if first.padding_mode != "zeros" or isinstance(first.padding, str):
+            raise ValueError("StackedConv2d stacks convolutions with numeric zero padding only")
+        self.seeds = len(layers)
+        self.in_channels, self.out_channels = first.in_channels, first.out_channels
+        self.stride, self.padding = first.stride, first.padding
+        self.dilation, self.groups = first.dilation, first.groups
+        self.weight = nn.Parameter(torch.stack([lay.weight.detach() for lay in layers]))
+        if first.bias is None:
+            self.register_parameter("bias", None)
+        else:
+            self.bias = nn.Parameter(torch.stack([lay.bias.detach() for lay in layers]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        biases = [None] * self.seeds if self.bias is None else self.bias.unbind(0)
+        outs = [
+            F.conv2d(xi, wi, bi, self.stride, self.padding, self.dilation, self.groups)
+            for xi, wi, bi in zip(x.unbind(0), self.weight.unbind(0), biases, strict=True)
+        ]
+        return torch.stack(outs)
+
+
+def _seed_flatten(flatten: nn.Flatten) -> nn.Flatten:
+    """``flatten`` for input with a seed axis in front: its dims one further on."""
+    start, end = flatten.start_dim, flatten.end_dim
+    return nn.Flatten(start + 1 if start >= 0 else start, end + 1 if end >= 0 else end)
+
+
 def stacked_noisy_layers(module: nn.Module) -> list[StackedNoisyLinear]:
     """Every :class:`StackedNoisyLinear` inside ``module``, in order."""
     return [m for m in module.modules() if isinstance(m, StackedNoisyLinear)]
@@ -109,10 +155,11 @@ def stack_networks(networks: list[nn.Module], *, noise: bool = True) -> nn.Modul
     """One module computing ``networks[i]`` on input row block ``i``, for every ``i``;
     ``noise``: its noisy layers forward with noise (False: with their mean weights).
 
-    The networks must share one architecture. Their linear layers are replaced by
-    stacked ones holding copies of their parameters and noise; everything else is the
-    first network's (so its forward must keep the seed axis apart: elementwise ops,
-    reductions over the last dimension). Raises ``ValueError`` for anything else.
+    The networks must share one architecture. Their linear and convolution layers are
+    replaced by stacked ones holding copies of their parameters and noise, and flattens
+    by ones that keep the seed axis; everything else is the first network's (so its
+    forward must keep the seed axis apart: elementwise ops, reductions over trailing
+    dimensions). Raises ``ValueError`` for anything else.
     """
     if not networks:
         raise ValueError("stack_networks needs at least one network")
@@ -129,11 +176,16 @@ def stack_networks(networks: list[nn.Module], *, noise: bool = True) -> nn.Modul
             replacement: nn.Module = StackedNoisyLinear([m[name] for m in modules], noise)
         elif type(module) is nn.Linear:
             replacement = StackedLinear([m[name] for m in modules])
-        elif any(p is not None for p in module.parameters(recurse=False)) or (
-            type(module) in (nn.Conv2d, nn.Flatten)
+        elif type(module) is nn.Conv2d:
+            replacement = StackedConv2d([m[name] for m in modules])
+        elif type(module) is nn.Flatten:
+            replacement = _seed_flatten(module)
+        elif any(p is not None for p in module.parameters(recurse=False)) or isinstance(
+            module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Flatten, nn.Unflatten)
         ):
             raise ValueError(
-                f"stack_networks stacks linear layers only, not {type(module).__name__}"
+                "stack_networks stacks linear and Conv2d layers only, "
+                f"not {type(module).__name__}"
             )
         else:
             continue

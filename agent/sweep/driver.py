@@ -3,7 +3,8 @@
 Each Ray task has one CPU and one torch thread and trains some seeds of one grid point
 together, their networks stacked (:func:`agent.sweep.worker.run_trials`): as many seeds
 per task as it takes to give every CPU one task (one seed per task where the env's
-observations are images, which do not stack yet). Plain tasks rather than Ray Tune: a
+observations are images: they stack, but whether stacking them on one CPU pays is not
+measured yet). Plain tasks rather than Ray Tune: a
 seed x grid sweep is a fixed list of independent trials (no search algorithm, no
 scheduler), and keeping the state in our own run directories (not in Tune's experiment
 pickles) makes ``--resume``, retries and the summary readable and checkable file by
@@ -328,7 +329,9 @@ def tasks(todo: list[Trial], cpus: int, stacks: Callable[[Trial], bool]) -> list
 
 
 def _stacks(trial: Trial) -> bool:
-    """True when the trial's env has vector observations (its seeds can stack)."""
+    """True when the trial's env has vector observations: its seeds share a task (image
+    seeds stack in one process too, but keep a task each until stacking them on one CPU
+    is measured)."""
     from envs import inspect_env
 
     try:

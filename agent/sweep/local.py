@@ -1,10 +1,11 @@
 """A sweep in this process, without Ray: each grid point's seeds train as one group.
 
 The seeds of a grid point step together with their networks stacked
-(:func:`agent.seeds.group.train_group`); grid points run one after another. Envs with
-image observations (a convolutional network, which does not stack yet) train their
-seeds one after another with :func:`agent.train.train`. Either way every trial is an
-ordinary run directory, so ``--resume``, the summary and ``--eval`` are the Ray sweep's.
+(:func:`agent.seeds.group.train_group`), vector and image observations alike; grid
+points run one after another. A caller whose image runs must be lone runs (a report
+whose Ray path runs them so) asks for their seeds one after another with
+:func:`agent.train.train`. Either way every trial is an ordinary run directory, so
+``--resume``, the summary and ``--eval`` are the Ray sweep's.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ def check_local(trials: list[Trial]) -> None:
         cfg = config_from_dict(dict(group[0].config), f"sweep trial {group[0].name}")
         spec = inspect_env(cfg.env_id, cfg.env_kwargs, cfg.wrappers)
         check_observations(cfg, spec)
-        if len(spec.obs_shape) == 1:
-            check_memory(cfg, spec.obs_shape, spec.obs_dtype, len(group))
+        check_memory(cfg, spec.obs_shape, spec.obs_dtype, len(group))
 
 
 def run_local(
@@ -48,10 +48,13 @@ def run_local(
     progress: bool = True,
     out: Any = None,
     on_done: Callable[[Trial], None] | None = None,
+    stack_images: bool = True,
 ) -> int:
     """Run every trial that is not done, in this process; write the summary. Returns the
     exit status, as :func:`agent.sweep.driver.run_sweep` does. ``on_done``: called with
-    each trial that finishes (not one interrupted or failed), as it finishes."""
+    each trial that finishes (not one interrupted or failed), as it finishes.
+    ``stack_images``: False trains an image env's seeds one after another as lone runs
+    (a stacked seed draws its noise from other streams, so it is not that seed's lone run)."""
     from agent.config_files import config_from_dict
     from envs import inspect_env
 
@@ -68,11 +71,11 @@ def run_local(
             cfgs = [config_from_dict(dict(t.config), f"sweep trial {t.name}") for t in group]
             spec = inspect_env(cfgs[0].env_id, cfgs[0].env_kwargs, cfgs[0].wrappers)
             checkpoints = [resume_point(d) for d in dirs]
-            if len(spec.obs_shape) == 1:
+            if len(spec.obs_shape) == 1 or stack_images:
                 stopped = _stacked(group, cfgs, dirs, checkpoints, progress, out, on_done)
             else:
                 print(f"{cfgs[0].env_id} has image observations: its seeds train one after "
-                      "another (stacking covers vector observations)", file=out)  # fmt: skip
+                      "another, as lone runs", file=out)  # fmt: skip
                 stopped = _one_by_one(group, cfgs, dirs, checkpoints, progress, out, on_done)
         except Exception as e:  # a grid point that cannot run (no such GPU): the others can
             _failed(sweep_dir, group, e, out)
