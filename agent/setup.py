@@ -41,6 +41,7 @@ from envs import EnvSpec, inspect_env, make_env, make_vector_env
 __all__ = [
     "Agent",
     "Counters",
+    "NewRunDir",
     "Run",
     "build_agent",
     "build_q_network",
@@ -482,6 +483,39 @@ def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> bool:
     os.write(fd, str(os.getpid()).encode())
     cleanup.callback(os.close, fd)  # closing it releases the lock
     return True
+
+
+class NewRunDir:
+    """What a new run's set-up adds under ``run_dir``, to take away again when the run
+    cannot start (:meth:`remove`): the directory and any parent it lacked, or, where it
+    was already there, the entries it did not hold. Made before anything is written."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+        self.top = missing[-1] if missing else None
+        """The outermost directory that did not exist: the set-up makes it, and all below."""
+        self.held: set[str] | None = None
+        if self.top is None and run_dir.is_dir():
+            self.held = {p.name for p in run_dir.iterdir()}
+
+    def remove(self) -> None:
+        """Take away what the set-up added, unless a run's ``last.pt`` is there (whoever
+        wrote it, a run's state is never removed)."""
+        import shutil
+
+        if (self.run_dir / "checkpoints" / "last.pt").exists():
+            return
+        if self.top is not None:
+            shutil.rmtree(self.top, ignore_errors=True)
+        elif self.held is not None:
+            for path in self.run_dir.iterdir():
+                if path.name in self.held:
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
 
 def close_quietly(*things: Any) -> None:
