@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent.policies import load_policy, policy_file, replay_flags
+from agent.policies import load_policy, load_policy_file, replay_flags
 from agent.usage import command, install_hint
 
 __all__ = ["build_parser", "entry", "load_policy", "main"]
@@ -78,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval --video, its videos",
     )  # fmt: skip
     train.add_argument(
-        "--resume", metavar="RUN_DIR", help="continue RUN_DIR from checkpoints/last.pt"
-    )
+        "--resume", metavar="RUN_DIR",
+        help="continue RUN_DIR from checkpoints/last.pt (where that cannot be read: from "
+        "another checkpoint of the run, RUN_DIR/checkpoints/best.pt, approximately)",
+    )  # fmt: skip
     train.add_argument(
         "--list-config", action="store_true", help="print every config key with its doc and exit"
     )
@@ -208,7 +210,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from agent.checkpoint import load_checkpoint, resume_exactness
+    from agent.checkpoint import holds_training, resume_exactness
     from agent.config_files import config_from_dict
 
     for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
@@ -216,14 +218,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
             _user_error(f"--{flag.replace('_', '-')} cannot change a resumed run: drop it")
     if args.set:
         _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
-    run_dir = resume_dir(Path(args.resume))
-    if not (run_dir / "checkpoints" / "last.pt").is_file():
-        what = "has no checkpoints/last.pt" if run_dir.is_dir() else "does not exist"
-        _user_error(
-            f"{run_dir} {what}: --resume continues a run directory that {command()} "
-            "wrote (RUN_DIR, or RUN_DIR/checkpoints/last.pt)"
-        )
-    data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    run_dir, source = resume_source(Path(args.resume))
+    data = _resume_checkpoint(run_dir, source)
     if args.env and args.env != data["env_id"]:
         _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
     step = int(data["counters"]["global_step"])
@@ -237,29 +233,99 @@ def cmd_resume(args: argparse.Namespace) -> int:
         saved["total_steps"] = args.total_steps
     if args.device is not None:
         saved["device"] = args.device
-    cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
+    cfg = config_from_dict(saved, str(source))
     ended = _how_it_ended(run_dir, step)
     if ended and args.total_steps is None:
         _user_error(
             f"{run_dir} {ended}: extend it with --resume {run_dir} --total-steps N, N above {step}"
         )
+    source_name = "" if source.name == "last.pt" else f" from {source.name}"
+    how = f"saved {resume_exactness(data)}"
+    if not holds_training(data):
+        how = ("saved as a policy alone: approximate, with a fresh optimizer and an empty "
+               "replay buffer (learning pauses for learning_starts steps while it refills)")
     if step >= cfg.total_steps:  # stopped in (or before) its final evaluation
-        print(f"resuming {run_dir} at step {step}, its last: the final evaluation")
+        print(f"resuming {run_dir} at step {step}{source_name}, its last: the final evaluation")
     else:
-        print(f"resuming {run_dir} at step {step}, saved {resume_exactness(data)}")
+        print(f"resuming {run_dir} at step {step}{source_name}, {how}")
     return _run_training(cfg, run_dir, data, progress=not args.no_progress)
 
 
-def resume_dir(path: Path) -> Path:
-    """The run directory that ``--resume`` names: the directory itself or its last.pt."""
+def resume_source(path: Path) -> tuple[Path, Path]:
+    """(the run directory, the checkpoint file) that ``--resume PATH`` continues: a run
+    directory (or its ``checkpoints/``) from its ``last.pt``; a checkpoint file in a run's
+    ``checkpoints/`` (``last.pt``, ``best.pt``, a copy of ``last.pt`` put there) from that
+    file, into that run."""
     if path.is_file() or path.suffix == ".pt":
-        if path.name != "last.pt" or path.parent.name != "checkpoints":
+        if path.parent.name != "checkpoints":
             _user_error(
-                f"--resume continues a run from its checkpoints/last.pt, not {path}: "
-                "give the run directory"
+                f"--resume continues a run in its own directory, and {path} is not in one "
+                "(RUN_DIR/checkpoints/): give the run directory, or copy the file into the "
+                "run's checkpoints/ and --resume that copy"
             )
-        return path.parent.parent
-    return path.parent if path.name == "checkpoints" else path
+        return path.parent.parent, path
+    run_dir = path.parent if path.name == "checkpoints" else path
+    return run_dir, run_dir / "checkpoints" / "last.pt"
+
+
+def _resume_checkpoint(run_dir: Path, source: Path) -> dict[str, Any]:
+    """The checkpoint that a resume of ``run_dir`` from ``source`` starts from, or a
+    :class:`UserError` whose advice is a ``--resume`` that this command takes.
+
+    ``last.pt`` resumes exactly (or as exactly as it was saved). Another checkpoint of the
+    run (best.pt, a copy of last.pt) is taken only where last.pt is missing or cannot be
+    read: going back to it would overwrite the run's later state at the next save."""
+    from agent.checkpoint import UnreadableCheckpoint, load_checkpoint
+
+    last = run_dir / "checkpoints" / "last.pt"
+    if source.name != "last.pt":
+        if not source.is_file():
+            _user_error(f"no checkpoint at {source}: give a run directory or a checkpoint "
+                        "file in its checkpoints/")  # fmt: skip
+        if last.is_file() and _readable(last) is not None:
+            _user_error(
+                f"{last} can be read: --resume {run_dir} continues the run from it exactly; "
+                f"to go back to {source.name} instead (its step, approximately), move last.pt "
+                "out of checkpoints/ first"
+            )
+        return load_checkpoint(source)
+    if not last.is_file():
+        what = "has no checkpoints/last.pt" if run_dir.is_dir() else "does not exist"
+        _user_error(f"{run_dir} {what}: " + _other_checkpoints(
+            run_dir, f"--resume continues a run directory that {command()} wrote (RUN_DIR, "
+            "or RUN_DIR/checkpoints/last.pt)"))  # fmt: skip
+    try:
+        return load_checkpoint(last)
+    except UnreadableCheckpoint:
+        _user_error(f"{last} cannot be read (truncated or corrupt): " + _other_checkpoints(
+            run_dir, f"--resume a copy of it put in {run_dir}/checkpoints/, or start the run "
+            "again with another --run-dir"))  # fmt: skip
+
+
+def _other_checkpoints(run_dir: Path, otherwise: str) -> str:
+    """The advice for a run whose last.pt cannot resume it: its best.pt, where that can
+    be read, else ``otherwise``."""
+    best = run_dir / "checkpoints" / "best.pt"
+    data = _readable(best) if best.is_file() else None
+    if data is None:
+        return otherwise
+    step = int(data["counters"]["global_step"])
+    return (
+        f"continue it from its best policy with --resume {best} (approximately: training "
+        f"goes on from step {step} with a fresh optimizer and replay buffer), or --resume a "
+        f"copy of its last.pt put in {run_dir}/checkpoints/"
+    )
+
+
+def _readable(path: Path) -> dict[str, Any] | None:
+    """The checkpoint at ``path``, or None where it does not load."""
+    from agent.checkpoint import load_checkpoint
+    from agent.errors import UserError
+
+    try:
+        return load_checkpoint(path)
+    except UserError:
+        return None
 
 
 def _how_it_ended(run_dir: Path, step: int) -> str | None:
@@ -345,8 +411,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _user_error(f"{flag} must be >= 0, got {value}")
     if args.epsilon is not None and not 0 <= args.epsilon <= 1:
         _user_error(f"--epsilon must be in [0, 1], got {args.epsilon}")
-    checkpoint = policy_file(args.eval)
-    data, cfg, spec, env_options, q_network = load_policy(checkpoint, args.env, args.device)
+    checkpoint, data = load_policy_file(args.eval)
+    data, cfg, spec, env_options, q_network = load_policy(checkpoint, args.env, args.device, data)
     env_id = spec.env_id
     device = next(q_network.parameters()).device
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
@@ -414,12 +480,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from agent.export import FORMATS, ExportMismatch, require_format, write_verified
     from envs import make_env
 
-    checkpoint = policy_file(args.export)
+    checkpoint, data = load_policy_file(args.export)
     suffixes = {suffix: name for name, suffix in FORMATS.items()}
     fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
     require_format(fmt)  # a missing extra is reported before anything runs
     out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
-    data, _, spec, env_options, q_network = load_policy(checkpoint, args.env, "cpu")
+    data, _, spec, env_options, q_network = load_policy(checkpoint, args.env, "cpu", data)
     env_id = spec.env_id
     env = make_env(env_id, **env_options)
     try:

@@ -27,7 +27,14 @@ from agent import streams
 from agent.acting import ActionSelector
 from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.augment import Augmentation, make_augment
-from agent.checkpoint import GeneratorState, remove_partial_writes, restore_training, run_pieces
+from agent.checkpoint import (
+    GeneratorState,
+    holds_training,
+    remove_partial_writes,
+    restore_policy,
+    restore_training,
+    run_pieces,
+)
 from agent.config import Config
 from agent.episodes import Episodes
 from agent.errors import UserError
@@ -434,16 +441,24 @@ def prepare_run(
     )  # fmt: skip
     if checkpoint is None:
         run.obs = episodes.reset(envs)
-    else:
+    elif holds_training(checkpoint):
         run.eval_curve = restore_training(
             checkpoint, q_network=agent.q_network, replay=agent.replay, components=run.components
         )
+    else:
+        # A policy checkpoint (best.pt, where last.pt cannot be read): its network goes on
+        # from its step; the optimizer, replay, streams and episodes start afresh.
+        restore_policy(checkpoint, q_network=agent.q_network, target_network=agent.target_network)
+    if checkpoint is not None:
         run.counters = Counters(**checkpoint["counters"])
         if "replay" not in checkpoint:
             # The buffer starts empty: fill it again before learning, as a new run does.
             run.counters.learning_starts = run.counters.global_step + cfg.learning_starts
             run.counters.updates_before = agent.learner.updates
-        run.obs = episodes.restore(envs, checkpoint["envs"], echo)
+        if holds_training(checkpoint):
+            run.obs = episodes.restore(envs, checkpoint["envs"], echo)
+        else:
+            run.obs = episodes.reset(envs)
     if cfg.terminal_on_life_loss and episodes.lives is None:
         raise UserError(
             f"terminal_on_life_loss needs an env that reports info['lives'] (Atari); "

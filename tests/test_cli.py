@@ -69,9 +69,47 @@ def test_resume_takes_the_run_directory_or_its_last_checkpoint(
                      "--no-progress"]) == 0
     assert _result(run_dir)["global_step"] == 2_000
     capsys.readouterr()
-    # best.pt holds no replay or optimizer: a resume names the directory to give instead.
+    # best.pt holds no replay or optimizer: while last.pt can be read, a resume from best.pt
+    # (which would go back to its step) names the exact one instead.
     code = cli.main(["--resume", str(run_dir / "checkpoints" / "best.pt")])
-    assert "give the run directory" in _one_line_error(code, capsys.readouterr().err)
+    assert f"--resume {run_dir} " in _one_line_error(code, capsys.readouterr().err)
+
+
+def test_a_run_whose_last_pt_is_cut_short_resumes_as_the_error_advises(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 1_000, early_stop="false") == 0
+    checkpoints = run_dir / "checkpoints"
+    last, best = checkpoints / "last.pt", checkpoints / "best.pt"
+    copy = tmp_path / "backup" / "last.pt"
+    copy.parent.mkdir()
+    copy.write_bytes(last.read_bytes())
+    last.write_bytes(copy.read_bytes()[: copy.stat().st_size // 2])  # a copy cut short
+    capsys.readouterr()
+    line = _one_line_error(cli.main(["--resume", str(run_dir)]), capsys.readouterr().err)
+    assert "Errno" not in line
+    # The advice is a command that runs: on from best.pt, approximately.
+    advised = re.search(r"--resume (\S+)", line)
+    assert advised is not None and Path(advised.group(1)) == best, line
+    assert cli.main(["--resume", advised.group(1), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "approximate" in out
+    result = _result(run_dir)
+    best_step = torch.load(best, weights_only=True)["counters"]["global_step"]
+    assert result["status"] == "finished" and result["global_step"] == 1_000
+    assert result["pieces"][-1]["from_step"] == best_step < 1_000
+    assert torch.load(last, weights_only=True)["counters"]["global_step"] == 1_000
+    # A copy of last.pt outside any run: one line saying where it goes, and from there
+    # (last.pt cut short again) it continues the run, exactly as the copy was saved.
+    line = _one_line_error(cli.main(["--resume", str(copy)]), capsys.readouterr().err)
+    assert "checkpoints/" in line
+    last.write_bytes(copy.read_bytes()[:100])
+    placed = checkpoints / "last-copy.pt"
+    placed.write_bytes(copy.read_bytes())
+    code = cli.main(["--resume", str(placed), "--total-steps", "1200", "--no-progress"])
+    assert code == 0 and "exact" in capsys.readouterr().out
+    assert [p["from_step"] for p in _result(run_dir)["pieces"]] == [0, 1_000]
 
 
 def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
