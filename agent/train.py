@@ -34,7 +34,7 @@ from agent.config import Config
 from agent.errors import UserError
 from agent.evaluate import Evaluator, json_ready
 from agent.learner import Metrics, NonFiniteError
-from agent.monitor import Monitor, exploration_stats, noise_stats
+from agent.monitor import Monitor, exploration_stats, noise_stats, warnings_above_bars
 from agent.networks import QNetwork
 from agent.replay import Replay
 from agent.replay.base import Batch
@@ -244,6 +244,8 @@ def train(
             raise
         cleanup.callback(close_quietly, member.monitor)  # flushes the events, whatever happens
         announce(run, echo, member.checkpoints.buffer_left_out)
+        member.monitor.start_progress()  # below the lines above, none glued to its frame
+        cleanup.enter_context(warnings_above_bars())
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         outcomes: list[str | BaseException] = []
         train_loop([member], OwnAgent(run.agent), cfg, stop,

@@ -155,6 +155,24 @@ def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
     assert f"finished all its {end} steps" in line
 
 
+def test_in_a_terminal_no_message_lands_on_the_progress_bar_s_line(tmp_path: Path) -> None:
+    from conftest import BAR_FRAME, run_in_a_terminal, text_after_a_bar
+
+    run_dir = tmp_path / "run"
+    code, lines = run_in_a_terminal([
+        "--env", "CartPole-v1", "--total-steps", "400", "--run-dir", str(run_dir),
+        "--device", "cpu", "--set", "random_starts=100", "--set", "learning_starts=100",
+        "--set", "log_interval=100", "--set", "eval_interval=0",
+    ])  # fmt: skip
+    assert code == 0 and any(BAR_FRAME.search(line) for line in lines), lines
+    assert text_after_a_bar(lines) == []
+    assert any(str(run_dir) in line for line in lines)  # the messages: on lines of their own
+    # A resume prints its own line first, then the run's: none on a bar either.
+    code, lines = run_in_a_terminal(["--resume", str(run_dir), "--total-steps", "600"])
+    assert code == 0 and any(BAR_FRAME.search(line) for line in lines), lines
+    assert text_after_a_bar(lines) == []
+
+
 @pytest.mark.parametrize(
     ("args", "fix"),
     [
