@@ -450,9 +450,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"episodes (noise {args.noise}, checkpoint {checkpoint}; {replay_flags(episodes)})"
     )
     if args.video:
-        print(f"videos written to {args.video}")
+        written: list[Path] = getattr(envs[0], "written", [])  # the recorder's (video_env)
+        names = [p.name for p in written]
+        shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} to {names[-1]}"
+        print(f"videos written to {args.video}: {shown or 'none'}")
         if args.track or cfg.track:
-            _track_videos(checkpoint, cfg, Path(args.video), int(data["counters"]["global_step"]))
+            _track_videos(checkpoint, cfg, written, int(data["counters"]["global_step"]))
     if args.json:
         print(
             json.dumps(
@@ -504,15 +507,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _track_videos(checkpoint: Path, cfg: Any, video_dir: Path, step: int) -> None:
-    """Send ``--eval --video``'s mp4 files to the W&B run of the checkpoint's run directory."""
+def _track_videos(checkpoint: Path, cfg: Any, videos: list[Path], step: int) -> None:
+    """Send ``--eval --video``'s mp4 files (``videos``, this evaluation's: not those the
+    folder held before) to the W&B run of the checkpoint's run directory."""
     from agent.tracking import Tracker
 
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
     if run_dir is None:
         _user_error(f"--track sends videos to the W&B run of a run directory, and {checkpoint} "
                     "is not in one (RUN_DIR/checkpoints/): drop --track")  # fmt: skip
-    videos = sorted(video_dir.glob("*.mp4"))
     tracker = Tracker(run_dir, cfg.wandb_project, cfg.wandb_entity)
     try:
         tracker.videos(videos, step)
