@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -41,9 +42,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Lines break between words only: a preset such as der-shift-epsilon stays whole.
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=command(),
+        formatter_class=_HelpFormatter,
         description="Train, evaluate or resume a Noisy-Network DQN agent on a gymnasium env.",
         epilog="--list-config lists the configuration keys for --set (docs/configuration.md).",
     )
@@ -51,9 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", metavar="ENV_ID", help="gymnasium id, e.g. CartPole-v1 or module:Env-v0"
     )
     train = p.add_argument_group("training")
+    from agent.config_files import presets  # yaml and the Config class: no torch
+
     train.add_argument(
         "--config", metavar="FILE|PRESET",
-        help="YAML file of config overrides, or a shipped preset: rainbow",
+        # Read from configs/presets/: a preset added there is listed with no edit here.
+        help=f"YAML file of config overrides, or a shipped preset: {', '.join(presets())}",
     )
     train.add_argument(
         "--seed",

@@ -203,6 +203,28 @@ def test_config_errors_name_what_fixes_them(
     assert not (tmp_path / "r").exists()
 
 
+def test_help_for_config_lists_every_preset_of_the_presets_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent import config_files
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option, no name broken at a hyphen
+
+    def listed() -> set[str]:
+        (line,) = [x for x in cli.build_parser().format_help().splitlines()
+                   if x.lstrip().startswith("--config")]  # fmt: skip
+        return set(re.findall(r"[\w-]+", line.split("preset", 1)[1]))
+
+    shipped = {p.stem for p in (config_files.CONFIG_DIR / "presets").glob("*.yaml")}
+    assert len(shipped) > 1 and shipped <= listed()
+    # A preset added to the folder is listed without an edit anywhere else.
+    (tmp_path / "presets").mkdir()
+    for name in ("rainbow", "my-new-preset"):
+        (tmp_path / "presets" / f"{name}.yaml").write_text("lr: 0.001\n")
+    monkeypatch.setattr(config_files, "CONFIG_DIR", tmp_path)
+    assert {"rainbow", "my-new-preset"} <= listed() and "der" not in listed()
+
+
 def test_resume_of_what_holds_no_run_suggests_only_what_resume_takes(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
