@@ -223,6 +223,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from agent.checkpoint import holds_training, resume_exactness
     from agent.config_files import config_from_dict
+    from agent.resume import how_it_ended, resume_checkpoint, resume_source
 
     for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
         if getattr(args, flag) is not None:
@@ -230,7 +231,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.set:
         _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
     run_dir, source = resume_source(Path(args.resume))
-    data = _resume_checkpoint(run_dir, source)
+    data = resume_checkpoint(run_dir, source)
     if args.env and args.env != data["env_id"]:
         _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
     step = int(data["counters"]["global_step"])
@@ -245,7 +246,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.device is not None:
         saved["device"] = args.device
     cfg = config_from_dict(saved, str(source))
-    ended = _how_it_ended(run_dir, step)
+    ended = how_it_ended(run_dir, step)
     if ended and args.total_steps is None:
         _user_error(
             f"{run_dir} {ended}: extend it with --resume {run_dir} --total-steps N, N above {step}"
@@ -260,97 +261,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
     else:
         print(f"resuming {run_dir} at step {step}{source_name}, {how}")
     return _run_training(cfg, run_dir, data, progress=not args.no_progress)
-
-
-def resume_source(path: Path) -> tuple[Path, Path]:
-    """(the run directory, the checkpoint file) that ``--resume PATH`` continues: a run
-    directory (or its ``checkpoints/``) from its ``last.pt``; a checkpoint file in a run's
-    ``checkpoints/`` (``last.pt``, ``best.pt``, a copy of ``last.pt`` put there) from that
-    file, into that run."""
-    if path.is_file() or path.suffix == ".pt":
-        if path.parent.name != "checkpoints":
-            _user_error(
-                f"--resume continues a run in its own directory, and {path} is not in one "
-                "(RUN_DIR/checkpoints/): give the run directory, or copy the file into the "
-                "run's checkpoints/ and --resume that copy"
-            )
-        return path.parent.parent, path
-    run_dir = path.parent if path.name == "checkpoints" else path
-    return run_dir, run_dir / "checkpoints" / "last.pt"
-
-
-def _resume_checkpoint(run_dir: Path, source: Path) -> dict[str, Any]:
-    """The checkpoint that a resume of ``run_dir`` from ``source`` starts from, or a
-    :class:`UserError` whose advice is a ``--resume`` that this command takes.
-
-    ``last.pt`` resumes exactly (or as exactly as it was saved). Another checkpoint of the
-    run (best.pt, a copy of last.pt) is taken only where last.pt is missing or cannot be
-    read: going back to it would overwrite the run's later state at the next save."""
-    from agent.checkpoint import UnreadableCheckpoint, load_checkpoint
-
-    last = run_dir / "checkpoints" / "last.pt"
-    if source.name != "last.pt":
-        if not source.is_file():
-            _user_error(f"no checkpoint at {source}: give a run directory or a checkpoint "
-                        "file in its checkpoints/")  # fmt: skip
-        if last.is_file() and _readable(last) is not None:
-            _user_error(
-                f"{last} can be read: --resume {run_dir} continues the run from it exactly; "
-                f"to go back to {source.name} instead (its step, approximately), move last.pt "
-                "out of checkpoints/ first"
-            )
-        return load_checkpoint(source)
-    if not last.is_file():
-        what = "has no checkpoints/last.pt" if run_dir.is_dir() else "does not exist"
-        _user_error(f"{run_dir} {what}: " + _other_checkpoints(
-            run_dir, f"--resume continues a run directory that {command()} wrote (RUN_DIR, "
-            "or RUN_DIR/checkpoints/last.pt)"))  # fmt: skip
-    try:
-        return load_checkpoint(last)
-    except UnreadableCheckpoint:
-        _user_error(f"{last} cannot be read (truncated or corrupt): " + _other_checkpoints(
-            run_dir, f"--resume a copy of it put in {run_dir}/checkpoints/, or start the run "
-            "again with another --run-dir"))  # fmt: skip
-
-
-def _other_checkpoints(run_dir: Path, otherwise: str) -> str:
-    """The advice for a run whose last.pt cannot resume it: its best.pt, where that can
-    be read, else ``otherwise``."""
-    best = run_dir / "checkpoints" / "best.pt"
-    data = _readable(best) if best.is_file() else None
-    if data is None:
-        return otherwise
-    step = int(data["counters"]["global_step"])
-    return (
-        f"continue it from its best policy with --resume {best} (approximately: training "
-        f"goes on from step {step} with a fresh optimizer and replay buffer), or --resume a "
-        f"copy of its last.pt put in {run_dir}/checkpoints/"
-    )
-
-
-def _readable(path: Path) -> dict[str, Any] | None:
-    """The checkpoint at ``path``, or None where it does not load."""
-    from agent.checkpoint import load_checkpoint
-    from agent.errors import UserError
-
-    try:
-        return load_checkpoint(path)
-    except UserError:
-        return None
-
-
-def _how_it_ended(run_dir: Path, step: int) -> str | None:
-    """'finished ...' when result.json says the run ended by itself (not interrupted)."""
-    try:
-        result = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
-        return None  # killed before it could write one: resumable
-    if result.get("status") not in ("finished", "solved") or result.get("global_step") != step:
-        return None
-    solved = result.get("solved_step")
-    return (f"finished: solved at step {solved}, stopped early at step {step}"
-            if result["status"] == "solved" and solved is not None
-            else f"finished all its {step} steps")
 
 
 def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> int:

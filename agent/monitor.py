@@ -192,6 +192,7 @@ class Monitor:
         there is none)."""
         self._bar_span = (total_steps, initial_step)
         self._show_bar = progress and sys.stderr.isatty()
+        self._while_shown = contextlib.ExitStack()  # what holds while the bar is on screen
         self._bar_step = initial_step
         self._sps_time = time.perf_counter()
         self._sps_step = initial_step
@@ -218,11 +219,13 @@ class Monitor:
 
     def start_progress(self) -> None:
         """Draw the progress bar (where it shows), below the lines printed before: a bar
-        drawn first would keep its first frame there with the next line glued to it."""
+        drawn first would keep its first frame there with the next line glued to it.
+        Until :meth:`close`, Python warnings are written above it, not onto its line."""
         if self._show_bar and self.bar is None:
             total, initial = self._bar_span
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                             smoothing=0.05)  # fmt: skip
+            self._while_shown.enter_context(warnings_above_bars())
 
     def progress(self, step: int, **postfix: Any) -> None:
         if not self._show_bar:
@@ -256,6 +259,7 @@ class Monitor:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        self._while_shown.close()
         self.writer.flush()
         self.writer.close()
         if self.tracker is not None:

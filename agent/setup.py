@@ -12,7 +12,7 @@ import os
 import platform
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -513,6 +513,23 @@ class NewRunDir:
         self.held: set[str] | None = None
         if self.top is None and run_dir.is_dir():
             self.held = {p.name for p in run_dir.iterdir()}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def removed_on_error(
+        new: NewRunDir | None, cleanup: contextlib.ExitStack
+    ) -> Iterator[None]:
+        """On a :class:`UserError` inside it (a run's outputs that cannot start: W&B
+        without a login), close ``cleanup`` (the run's envs, its directory's lock), then
+        take away what ``new`` (a new run's; None for a resume, whose directory is kept
+        whole) added."""
+        try:
+            yield
+        except UserError:
+            cleanup.close()
+            if new is not None:
+                new.remove()
+            raise
 
     def remove(self) -> None:
         """Take away what the set-up added, unless a run's ``last.pt`` is there (whoever

@@ -31,10 +31,9 @@ from agent.checkpoint import (
     training_checkpoint,
 )
 from agent.config import Config
-from agent.errors import UserError
 from agent.evaluate import Evaluator, json_ready
 from agent.learner import Metrics, NonFiniteError
-from agent.monitor import Monitor, exploration_stats, noise_stats, warnings_above_bars
+from agent.monitor import Monitor, exploration_stats, noise_stats
 from agent.networks import QNetwork
 from agent.replay import Replay
 from agent.replay.base import Batch
@@ -226,26 +225,18 @@ def train(
     ``best.pt``, and ``result.json`` under ``run_dir``. Raises
     :class:`~agent.checkpoint.CheckpointWriteError` when a checkpoint cannot be
     written (after saving whatever still can be), :class:`NonFiniteError` on
-    divergence, :class:`~agent.errors.UserError` on a mistake the user can fix (then a
-    new run whose W&B run could not start leaves nothing under ``run_dir``).
+    divergence, :class:`~agent.errors.UserError` on a mistake the user can fix.
     """
     wall_start = time.perf_counter()
     new = NewRunDir(Path(run_dir)) if checkpoint is None else None
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
         # Environments, agent, random streams (a resume restores them), then the outputs.
         run = prepare_run(cfg, Path(run_dir), checkpoint, cleanup, echo)
-        try:
+        with NewRunDir.removed_on_error(new, cleanup):  # a logger that cannot start (--track)
             member = Member(run, *run_outputs(run, wall_start, progress, lambda: run.obs))
-        except UserError:  # a logger that cannot start (--track without a W&B login)
-            # A new run leaves no half-made directory; a resumed one keeps all of its own.
-            cleanup.close()  # its envs closed and its lock released first
-            if new is not None:
-                new.remove()
-            raise
         cleanup.callback(close_quietly, member.monitor)  # flushes the events, whatever happens
         announce(run, echo, member.checkpoints.buffer_left_out)
         member.monitor.start_progress()  # below the lines above, none glued to its frame
-        cleanup.enter_context(warnings_above_bars())
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         outcomes: list[str | BaseException] = []
         train_loop([member], OwnAgent(run.agent), cfg, stop,
