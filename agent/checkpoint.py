@@ -60,14 +60,17 @@ __all__ = [
     "VERSION",
     "CheckpointWriteError",
     "GeneratorState",
+    "UnreadableCheckpoint",
     "buffer_left_out",
     "check_compatible",
     "drop_replay",
     "get_rng_state",
+    "holds_training",
     "keeps_buffer",
     "load_checkpoint",
     "policy_checkpoint",
     "remove_partial_writes",
+    "restore_policy",
     "restore_training",
     "resume_exactness",
     "run_pieces",
@@ -107,6 +110,16 @@ def buffer_left_out(save_buffer: bool | str, nbytes: int | None = None) -> str:
         f"without the replay buffer ({why}): a resume from it is approximate, learning "
         "pauses for learning_starts steps while the buffer refills"
     )
+
+
+class UnreadableCheckpoint(UserError):
+    """A checkpoint file that cannot be read: cut short (a copy that stopped half-way, a
+    disk that filled outside our atomic writes), damaged, or not a file ``torch.save``
+    wrote. ``path`` names it; a run directory's other checkpoint may still be read."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
+        self.path = Path(path)
 
 
 class CheckpointWriteError(Exception):
@@ -216,6 +229,13 @@ def drop_replay(path: str | Path) -> int:
     return before - path.stat().st_size
 
 
+def holds_training(data: dict[str, Any]) -> bool:
+    """Whether ``data`` is a :func:`training_checkpoint` (``last.pt``, or a copy of one),
+    which a resume restores whole; a :func:`policy_checkpoint` (``best.pt``) holds the
+    online network and the counters alone."""
+    return "rng" in data and "envs" in data
+
+
 def resume_exactness(data: dict[str, Any]) -> str:
     """How a resume from the ``last.pt`` ``data`` goes, for the lines that announce it."""
     if "replay" in data:
@@ -242,9 +262,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     with path.open("rb") as f:
         is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
     if not is_zip:
-        raise UserError(
+        raise UnreadableCheckpoint(
+            path,
             f"{path} is not a checkpoint (not a file torch.save wrote): give a file that "
-            f"{command()} wrote (RUN_DIR/checkpoints/last.pt or best.pt)"
+            f"{command()} wrote (RUN_DIR/checkpoints/last.pt or best.pt)",
         )
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
@@ -253,11 +274,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path} holds objects other than tensors and numbers: it is not a Noisy DQN "
             f"checkpoint (only files that {command()} wrote load)"
         ) from None
-    except Exception as e:  # a cut or damaged file fails anywhere inside the unpickler
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(
-            f"{path} is truncated or corrupt ({reason}): use another checkpoint, e.g. best.pt "
-            "or an earlier copy"
+    except Exception:  # a cut or damaged file fails anywhere inside the unpickler
+        # The reader's own words (an errno, miniz's internals) say nothing the user can act on.
+        raise UnreadableCheckpoint(
+            path,
+            f"{path} is truncated or corrupt: give another checkpoint, the run's other one "
+            "(best.pt or last.pt beside it) or an earlier copy",
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(
@@ -339,6 +361,15 @@ class GeneratorState:
 
     def load_state_dict(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
+
+
+def restore_policy(
+    data: dict[str, Any], *, q_network: nn.Module, target_network: nn.Module
+) -> None:
+    """Load a :func:`policy_checkpoint`'s network into a run's online and target networks,
+    for a resume from it (the rest of the run starts afresh: :func:`resume_exactness`)."""
+    q_network.load_state_dict(data["q_network"])
+    target_network.load_state_dict(data["q_network"])
 
 
 def restore_training(

@@ -17,11 +17,12 @@ import gc
 import json
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent.policies import load_policy, policy_file, replay_flags
+from agent.policies import load_policy, load_policy_file, replay_flags
 from agent.usage import command, install_hint
 
 __all__ = ["build_parser", "entry", "load_policy", "main"]
@@ -41,20 +42,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Lines break between words only: a preset such as der-shift-epsilon stays whole.
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=command(),
+        formatter_class=_HelpFormatter,
         description="Train, evaluate or resume a Noisy-Network DQN agent on a gymnasium env.",
         epilog="--list-config lists the configuration keys for --set (docs/configuration.md).",
     )
     p.add_argument(
         "--env", metavar="ENV_ID", help="gymnasium id, e.g. CartPole-v1 or module:Env-v0"
     )
-    from agent.config_files import presets  # light: yaml and the config dataclass
-
     train = p.add_argument_group("training")
+    from agent.config_files import presets  # yaml and the Config class: no torch
+
     train.add_argument(
         "--config", metavar="FILE|PRESET",
+        # Read from configs/presets/: a preset added there is listed with no edit here.
         help=f"YAML file of config overrides, or a shipped preset: {', '.join(presets())}",
     )
     train.add_argument(
@@ -80,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval --video, its videos",
     )  # fmt: skip
     train.add_argument(
-        "--resume", metavar="RUN_DIR", help="continue RUN_DIR from checkpoints/last.pt"
-    )
+        "--resume", metavar="RUN_DIR",
+        help="continue RUN_DIR from checkpoints/last.pt (where that cannot be read: from "
+        "another checkpoint of the run, RUN_DIR/checkpoints/best.pt, approximately)",
+    )  # fmt: skip
     train.add_argument(
         "--list-config", action="store_true", help="print every config key with its doc and exit"
     )
@@ -210,22 +221,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from agent.checkpoint import load_checkpoint, resume_exactness
+    from agent.checkpoint import holds_training, resume_exactness
     from agent.config_files import config_from_dict
+    from agent.resume import how_it_ended, resume_checkpoint, resume_source
 
     for flag in ("config", "seed", "num_envs", "run_dir", "eval"):
         if getattr(args, flag) is not None:
             _user_error(f"--{flag.replace('_', '-')} cannot change a resumed run: drop it")
     if args.set:
         _user_error("--set cannot change a resumed run: drop it (the saved config is used)")
-    run_dir = resume_dir(Path(args.resume))
-    if not (run_dir / "checkpoints" / "last.pt").is_file():
-        what = "has no checkpoints/last.pt" if run_dir.is_dir() else "does not exist"
-        _user_error(
-            f"{run_dir} {what}: --resume continues a run directory that {command()} "
-            "wrote (RUN_DIR, or RUN_DIR/checkpoints/last.pt)"
-        )
-    data = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    run_dir, source = resume_source(Path(args.resume))
+    data = resume_checkpoint(run_dir, source)
     if args.env and args.env != data["env_id"]:
         _user_error(f"{run_dir} is a run of {data['env_id']}, not {args.env}: drop --env")
     step = int(data["counters"]["global_step"])
@@ -239,43 +245,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
         saved["total_steps"] = args.total_steps
     if args.device is not None:
         saved["device"] = args.device
-    cfg = config_from_dict(saved, f"{run_dir}/checkpoints/last.pt")
-    ended = _how_it_ended(run_dir, step)
+    cfg = config_from_dict(saved, str(source))
+    ended = how_it_ended(run_dir, step)
     if ended and args.total_steps is None:
         _user_error(
             f"{run_dir} {ended}: extend it with --resume {run_dir} --total-steps N, N above {step}"
         )
+    source_name = "" if source.name == "last.pt" else f" from {source.name}"
+    how = f"saved {resume_exactness(data)}"
+    if not holds_training(data):
+        how = ("saved as a policy alone: approximate, with a fresh optimizer and an empty "
+               "replay buffer (learning pauses for learning_starts steps while it refills)")
     if step >= cfg.total_steps:  # stopped in (or before) its final evaluation
-        print(f"resuming {run_dir} at step {step}, its last: the final evaluation")
+        print(f"resuming {run_dir} at step {step}{source_name}, its last: the final evaluation")
     else:
-        print(f"resuming {run_dir} at step {step}, saved {resume_exactness(data)}")
+        print(f"resuming {run_dir} at step {step}{source_name}, {how}")
     return _run_training(cfg, run_dir, data, progress=not args.no_progress)
-
-
-def resume_dir(path: Path) -> Path:
-    """The run directory that ``--resume`` names: the directory itself or its last.pt."""
-    if path.is_file() or path.suffix == ".pt":
-        if path.name != "last.pt" or path.parent.name != "checkpoints":
-            _user_error(
-                f"--resume continues a run from its checkpoints/last.pt, not {path}: "
-                "give the run directory"
-            )
-        return path.parent.parent
-    return path.parent if path.name == "checkpoints" else path
-
-
-def _how_it_ended(run_dir: Path, step: int) -> str | None:
-    """'finished ...' when result.json says the run ended by itself (not interrupted)."""
-    try:
-        result = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
-        return None  # killed before it could write one: resumable
-    if result.get("status") not in ("finished", "solved") or result.get("global_step") != step:
-        return None
-    solved = result.get("solved_step")
-    return (f"finished: solved at step {solved}, stopped early at step {step}"
-            if result["status"] == "solved" and solved is not None
-            else f"finished all its {step} steps")
 
 
 def _run_training(cfg: Any, run_dir: Path, checkpoint: Any, progress: bool) -> int:
@@ -347,8 +332,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _user_error(f"{flag} must be >= 0, got {value}")
     if args.epsilon is not None and not 0 <= args.epsilon <= 1:
         _user_error(f"--epsilon must be in [0, 1], got {args.epsilon}")
-    checkpoint = policy_file(args.eval)
-    data, cfg, spec, env_options, q_network = load_policy(checkpoint, args.env, args.device)
+    checkpoint, data = load_policy_file(args.eval)
+    data, cfg, spec, env_options, q_network = load_policy(checkpoint, args.env, args.device, data)
     env_id = spec.env_id
     device = next(q_network.parameters()).device
     # Several copies play at once; with --video, one copy, so videos are whole episodes in order.
@@ -386,9 +371,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"episodes (noise {args.noise}, checkpoint {checkpoint}; {replay_flags(episodes)})"
     )
     if args.video:
-        print(f"videos written to {args.video}")
+        written: list[Path] = getattr(envs[0], "written", [])  # the recorder's (video_env)
+        names = [p.name for p in written]
+        shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} to {names[-1]}"
+        print(f"videos written to {args.video}: {shown or 'none'}")
         if args.track or cfg.track:
-            _track_videos(checkpoint, cfg, Path(args.video), int(data["counters"]["global_step"]))
+            _track_videos(checkpoint, cfg, written, int(data["counters"]["global_step"]))
     if args.json:
         print(
             json.dumps(
@@ -416,12 +404,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from agent.export import FORMATS, ExportMismatch, require_format, write_verified
     from envs import make_env
 
-    checkpoint = policy_file(args.export)
+    checkpoint, data = load_policy_file(args.export)
     suffixes = {suffix: name for name, suffix in FORMATS.items()}
     fmt = args.format or suffixes.get(Path(args.out or "").suffix, "onnx")
     require_format(fmt)  # a missing extra is reported before anything runs
     out = Path(args.out) if args.out else checkpoint.with_suffix(FORMATS[fmt])
-    data, _, spec, env_options, q_network = load_policy(checkpoint, args.env, "cpu")
+    data, _, spec, env_options, q_network = load_policy(checkpoint, args.env, "cpu", data)
     env_id = spec.env_id
     env = make_env(env_id, **env_options)
     try:
@@ -440,15 +428,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _track_videos(checkpoint: Path, cfg: Any, video_dir: Path, step: int) -> None:
-    """Send ``--eval --video``'s mp4 files to the W&B run of the checkpoint's run directory."""
+def _track_videos(checkpoint: Path, cfg: Any, videos: list[Path], step: int) -> None:
+    """Send ``--eval --video``'s mp4 files (``videos``, this evaluation's: not those the
+    folder held before) to the W&B run of the checkpoint's run directory."""
     from agent.tracking import Tracker
 
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
     if run_dir is None:
         _user_error(f"--track sends videos to the W&B run of a run directory, and {checkpoint} "
                     "is not in one (RUN_DIR/checkpoints/): drop --track")  # fmt: skip
-    videos = sorted(video_dir.glob("*.mp4"))
     tracker = Tracker(run_dir, cfg.wandb_project, cfg.wandb_entity)
     try:
         tracker.videos(videos, step)

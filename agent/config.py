@@ -267,7 +267,8 @@ class Config:
     """Also send the run to Weights & Biases (``--track``): every scalar TensorBoard gets,
     the resolved config, the final results, and the videos of ``--eval RUN --video DIR``.
     An extra (``pip install -e ".[track]"``); ``WANDB_MODE=offline`` keeps it on this
-    machine. TensorBoard stays."""
+    machine. A W&B run that cannot start (no ``wandb login`` and no terminal to ask in)
+    stops the command before training, in one line. TensorBoard stays."""
     wandb_project: str = "noisy-dqn"
     """The Weights & Biases project of a tracked run."""
     wandb_entity: str | None = None

@@ -201,9 +201,11 @@ def check_flag_values(args: Any, without_flags: Callable[[], Config]) -> None:
             )
 
 
-def presets(config_dir: Path = CONFIG_DIR) -> list[str]:
-    """The names of the presets shipped with the package (``--config NAME``)."""
-    return sorted(p.stem for p in (config_dir / "presets").glob("*.yaml"))
+def presets(config_dir: Path | None = None) -> list[str]:
+    """The names of the presets shipped with the package (``--config NAME``): the files
+    of ``configs/presets/`` (of ``config_dir``), read at each call."""
+    folder = (CONFIG_DIR if config_dir is None else config_dir) / "presets"
+    return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
 def _is_name(text: str) -> bool:

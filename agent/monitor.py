@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
+import warnings
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,14 @@ from tqdm import tqdm
 from agent.noisy import NoiseBuffers, noise_disabled, noise_switched, noisy_layers
 from agent.values import greedy_actions, q_values, support_of
 
-__all__ = ["Monitor", "action_disagreement", "exploration_stats", "noise_stats", "q_gap"]
+__all__ = [
+    "Monitor",
+    "action_disagreement",
+    "exploration_stats",
+    "noise_stats",
+    "q_gap",
+    "warnings_above_bars",
+]
 
 
 @torch.no_grad()
@@ -130,6 +140,24 @@ def exploration_stats(
     return dict(zip(stats, values, strict=True))
 
 
+@contextlib.contextmanager
+def warnings_above_bars() -> Iterator[None]:
+    """While it holds, a Python warning (an env's deprecation, the learner's note that
+    its update runs eagerly) lifts the progress bars off the terminal, is written, and
+    the bars are drawn again below it, instead of landing on a bar's line."""
+    show = warnings.showwarning
+
+    def shown(*args: Any, **kwargs: Any) -> None:
+        with tqdm.external_write_mode(file=sys.stderr):
+            show(*args, **kwargs)
+
+    warnings.showwarning = shown
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+
+
 class Monitor:
     """Writes scalars to TensorBoard and drives a tqdm progress bar.
 
@@ -159,14 +187,12 @@ class Monitor:
         purge_step = initial_step + 1 if initial_step else None
         self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
         self.recent_returns: deque[float] = deque(maxlen=20)
-        self.bar = tqdm(
-            total=total_steps,
-            initial=initial_step,
-            disable=not (progress and sys.stderr.isatty()),
-            unit="step",
-            dynamic_ncols=True,
-            smoothing=0.05,
-        )
+        self.bar: tqdm | None = None
+        """The progress bar, once :meth:`start_progress` drew it (None before, or where
+        there is none)."""
+        self._bar_span = (total_steps, initial_step)
+        self._show_bar = progress and sys.stderr.isatty()
+        self._while_shown = contextlib.ExitStack()  # what holds while the bar is on screen
         self._bar_step = initial_step
         self._sps_time = time.perf_counter()
         self._sps_step = initial_step
@@ -191,9 +217,21 @@ class Monitor:
         self.scalars(step, {"charts/SPS": sps})
         return sps
 
+    def start_progress(self) -> None:
+        """Draw the progress bar (where it shows), below the lines printed before: a bar
+        drawn first would keep its first frame there with the next line glued to it.
+        Until :meth:`close`, Python warnings are written above it, not onto its line."""
+        if self._show_bar and self.bar is None:
+            total, initial = self._bar_span
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                            smoothing=0.05)  # fmt: skip
+            self._while_shown.enter_context(warnings_above_bars())
+
     def progress(self, step: int, **postfix: Any) -> None:
-        if self.bar.disable:
+        if not self._show_bar:
             return
+        self.start_progress()
+        assert self.bar is not None
         self.bar.update(step - self._bar_step)
         self._bar_step = step
         if self.recent_returns:
@@ -219,7 +257,9 @@ class Monitor:
             self.tracker.summary(clean)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+        self._while_shown.close()
         self.writer.flush()
         self.writer.close()
         if self.tracker is not None:

@@ -10,7 +10,7 @@ from typing import Any
 from agent.errors import UserError
 from agent.usage import command
 
-__all__ = ["favoured_policy", "load_policy", "policy_file", "replay_flags"]
+__all__ = ["favoured_policy", "load_policy", "load_policy_file", "policy_file", "replay_flags"]
 
 
 def replay_flags(episodes: dict[str, Any]) -> str:
@@ -25,10 +25,23 @@ def policy_file(path: str | Path) -> Path:
     for a run directory (or its ``checkpoints/``), the policy its own scores favour, as a
     printed line says: ``best.pt`` where fresh episodes confirmed it above ``last.pt``'s
     final score (or the run has no final score yet), else ``last.pt``; ``last.pt`` too
-    where the run made no periodic evaluation (no ``best.pt``)."""
+    where the run made no periodic evaluation (no ``best.pt``); the other of the two where
+    that one cannot be read (:func:`load_policy_file`)."""
+    return load_policy_file(path)[0]
+
+
+def load_policy_file(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """:func:`policy_file`'s checkpoint and what it holds, read once.
+
+    Where a run directory's favoured checkpoint cannot be read (cut short, damaged), the
+    other one is taken and the printed line says so: a run's best.pt and last.pt are both
+    its policies, and one damaged file should not cost the other.
+    """
+    from agent.checkpoint import UnreadableCheckpoint, load_checkpoint
+
     path = Path(path)
     if not path.is_dir():
-        return path
+        return path, load_checkpoint(path)
     folder = path if path.name == "checkpoints" else path / "checkpoints"
     best, last = folder / "best.pt", folder / "last.pt"
     if not best.is_file() and not last.is_file():
@@ -37,15 +50,32 @@ def policy_file(path: str | Path) -> Path:
             f"checkpoint file that {command()} wrote"
         )
     if not best.is_file():
+        data = load_checkpoint(last)
         print(f"checkpoint: {last}, the run's latest policy (no best.pt: it made no "
               "periodic evaluation)")  # fmt: skip
-        return last
+        return last, data
     if not last.is_file():
+        data = load_checkpoint(best)
         print(f"checkpoint: {best}, the run's best policy (no last.pt beside it)")
-        return best
+        return best, data
     chosen, why = favoured_policy(folder.parent)
-    print(f"checkpoint: {best if chosen == 'best' else last}, {why}")
-    return best if chosen == "best" else last
+    first, other = (best, last) if chosen == "best" else (last, best)
+    try:
+        data = load_checkpoint(first)
+    except UnreadableCheckpoint:
+        try:
+            data = load_checkpoint(other)
+        except UnreadableCheckpoint:
+            raise UserError(
+                f"neither checkpoint of {folder.parent} can be read (best.pt and last.pt are "
+                "truncated or corrupt): give an earlier copy of either"
+            ) from None
+        kind = "best" if other == best else "latest"
+        print(f"checkpoint: {other}, the run's {kind} policy: {first.name}, which its scores "
+              "favour, cannot be read (truncated or corrupt)")  # fmt: skip
+        return other, data
+    print(f"checkpoint: {first}, {why}")
+    return first, data
 
 
 def favoured_policy(run_dir: Path) -> tuple[str, str]:
@@ -71,10 +101,14 @@ def favoured_policy(run_dir: Path) -> tuple[str, str]:
 
 
 def load_policy(
-    path: str | Path, env_id: str | None, device: str | None
+    path: str | Path,
+    env_id: str | None,
+    device: str | None,
+    data: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Any, Any, dict[str, Any], Any]:
     """(checkpoint, its config, the env's spec, the env's options, online network) for
-    ``--eval`` and ``--export``; ``env_id`` None means the checkpoint's own env.
+    ``--eval`` and ``--export``; ``env_id`` None means the checkpoint's own env; ``data``:
+    the checkpoint at ``path`` where it was read already (:func:`load_policy_file`).
 
     The training env's options (``env_kwargs`` and ``wrappers``, as keyword arguments of
     ``make_env``) apply when the env is the training env.
@@ -87,7 +121,8 @@ def load_policy(
     from agent.train import build_q_network, resolve_device
     from envs import inspect_env
 
-    data = load_checkpoint(path)
+    if data is None:
+        data = load_checkpoint(path)
     cfg = config_from_dict(dict(data["config"]), str(path))
     env_id = env_id or data["env_id"]
     same = env_id == data["env_id"]

@@ -12,7 +12,7 @@ import os
 import platform
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,14 @@ from agent import streams
 from agent.acting import ActionSelector
 from agent.acting.graph import CaptureFn, capture_cuda_graph
 from agent.augment import Augmentation, make_augment
-from agent.checkpoint import GeneratorState, remove_partial_writes, restore_training, run_pieces
+from agent.checkpoint import (
+    GeneratorState,
+    holds_training,
+    remove_partial_writes,
+    restore_policy,
+    restore_training,
+    run_pieces,
+)
 from agent.config import Config
 from agent.episodes import Episodes
 from agent.errors import UserError
@@ -41,6 +48,7 @@ from envs import EnvSpec, inspect_env, make_env, make_vector_env
 __all__ = [
     "Agent",
     "Counters",
+    "NewRunDir",
     "Run",
     "build_agent",
     "build_q_network",
@@ -446,16 +454,24 @@ def prepare_run(
     )  # fmt: skip
     if checkpoint is None:
         run.obs = episodes.reset(envs)
-    else:
+    elif holds_training(checkpoint):
         run.eval_curve = restore_training(
             checkpoint, q_network=agent.q_network, replay=agent.replay, components=run.components
         )
+    else:
+        # A policy checkpoint (best.pt, where last.pt cannot be read): its network goes on
+        # from its step; the optimizer, replay, streams and episodes start afresh.
+        restore_policy(checkpoint, q_network=agent.q_network, target_network=agent.target_network)
+    if checkpoint is not None:
         run.counters = Counters(**checkpoint["counters"])
         if "replay" not in checkpoint:
             # The buffer starts empty: fill it again before learning, as a new run does.
             run.counters.learning_starts = run.counters.global_step + cfg.learning_starts
             run.counters.updates_before = agent.learner.updates
-        run.obs = episodes.restore(envs, checkpoint["envs"], echo)
+        if holds_training(checkpoint):
+            run.obs = episodes.restore(envs, checkpoint["envs"], echo)
+        else:
+            run.obs = episodes.reset(envs)
     if cfg.terminal_on_life_loss and episodes.lives is None:
         raise UserError(
             f"terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
@@ -495,6 +511,56 @@ def hold_run_dir(run_dir: Path, cleanup: contextlib.ExitStack) -> bool:
     os.write(fd, str(os.getpid()).encode())
     cleanup.callback(os.close, fd)  # closing it releases the lock
     return True
+
+
+class NewRunDir:
+    """What a new run's set-up adds under ``run_dir``, to take away again when the run
+    cannot start (:meth:`remove`): the directory and any parent it lacked, or, where it
+    was already there, the entries it did not hold. Made before anything is written."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+        self.top = missing[-1] if missing else None
+        """The outermost directory that did not exist: the set-up makes it, and all below."""
+        self.held: set[str] | None = None
+        if self.top is None and run_dir.is_dir():
+            self.held = {p.name for p in run_dir.iterdir()}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def removed_on_error(
+        new: NewRunDir | None, cleanup: contextlib.ExitStack
+    ) -> Iterator[None]:
+        """On a :class:`UserError` inside it (a run's outputs that cannot start: W&B
+        without a login), close ``cleanup`` (the run's envs, its directory's lock), then
+        take away what ``new`` (a new run's; None for a resume, whose directory is kept
+        whole) added."""
+        try:
+            yield
+        except UserError:
+            cleanup.close()
+            if new is not None:
+                new.remove()
+            raise
+
+    def remove(self) -> None:
+        """Take away what the set-up added, unless a run's ``last.pt`` is there (whoever
+        wrote it, a run's state is never removed)."""
+        import shutil
+
+        if (self.run_dir / "checkpoints" / "last.pt").exists():
+            return
+        if self.top is not None:
+            shutil.rmtree(self.top, ignore_errors=True)
+        elif self.held is not None:
+            for path in self.run_dir.iterdir():
+                if path.name in self.held:
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
 
 def close_quietly(*things: Any) -> None:

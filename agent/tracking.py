@@ -10,6 +10,11 @@ it. TensorBoard stays the default and the only logger a run needs; this one is a
 W&B's own step only grows, and a run killed outright may have logged past its last
 checkpoint: every value is logged against ``global_step`` instead (``define_metric``), so
 the steps a resumed run logs again are kept, not dropped.
+
+A W&B run that cannot start (no API key and no terminal to ask for one, a key W&B
+refuses, no network) is a :class:`UserError` naming both ways on, ``wandb login`` and
+``WANDB_MODE=offline``: the run does not start without the logger it was asked for,
+and a new run's directory is taken away again (:func:`agent.train.train`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,17 @@ def require_wandb() -> Any:
         ) from None
 
 
+def _cannot_start(error: BaseException) -> str:
+    """The one line for a W&B run that ``wandb.init`` could not start (``error``): the
+    two ways to go on, logged in or offline."""
+    reason = str(error).splitlines()[0].rstrip(".") if str(error) else type(error).__name__
+    return (
+        f"track (--track) could not start a Weights & Biases run ({reason}): log in once "
+        "with `wandb login` (or set WANDB_API_KEY), or keep the run on this machine with "
+        "WANDB_MODE=offline (`wandb sync` uploads it later), or drop --track"
+    )
+
+
 class Tracker:
     """One run directory's W&B run: started (or resumed) at construction.
 
@@ -59,16 +75,19 @@ class Tracker:
         self._wandb = wandb
         id_file = Path(run_dir) / ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
-        self.run = wandb.init(
-            project=project,
-            entity=entity,
-            name=Path(run_dir).name,
-            id=run_id,
-            resume="allow",
-            dir=str(run_dir),
-            config=config,
-            reinit="create_new",
-        )
+        try:
+            self.run = wandb.init(
+                project=project,
+                entity=entity,
+                name=Path(run_dir).name,
+                id=run_id,
+                resume="allow",
+                dir=str(run_dir),
+                config=config,
+                reinit="create_new",
+            )
+        except wandb.errors.Error as e:  # no API key (and no terminal to ask for one), ...
+            raise UserError(_cannot_start(e)) from None
         id_file.write_text(run_id + "\n")
         self.run.define_metric("global_step")
         self.run.define_metric("*", step_metric="global_step")

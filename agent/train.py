@@ -40,6 +40,7 @@ from agent.replay.base import Batch
 from agent.replay.prioritized import annealed_beta
 from agent.setup import (
     Agent,
+    NewRunDir,
     Run,
     build_agent,
     build_q_network,
@@ -224,15 +225,18 @@ def train(
     ``best.pt``, and ``result.json`` under ``run_dir``. Raises
     :class:`~agent.checkpoint.CheckpointWriteError` when a checkpoint cannot be
     written (after saving whatever still can be), :class:`NonFiniteError` on
-    divergence.
+    divergence, :class:`~agent.errors.UserError` on a mistake the user can fix.
     """
     wall_start = time.perf_counter()
+    new = NewRunDir(Path(run_dir)) if checkpoint is None else None
     with contextlib.ExitStack() as cleanup:  # on every exit path, errors included
         # Environments, agent, random streams (a resume restores them), then the outputs.
         run = prepare_run(cfg, Path(run_dir), checkpoint, cleanup, echo)
-        member = Member(run, *run_outputs(run, wall_start, progress, lambda: run.obs))
+        with NewRunDir.removed_on_error(new, cleanup):  # a logger that cannot start (--track)
+            member = Member(run, *run_outputs(run, wall_start, progress, lambda: run.obs))
         cleanup.callback(close_quietly, member.monitor)  # flushes the events, whatever happens
         announce(run, echo, member.checkpoints.buffer_left_out)
+        member.monitor.start_progress()  # below the lines above, none glued to its frame
         stop = cleanup.enter_context(StopSignals())  # Ctrl-C and SIGTERM set stop.received
         outcomes: list[str | BaseException] = []
         train_loop([member], OwnAgent(run.agent), cfg, stop,

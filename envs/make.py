@@ -212,13 +212,25 @@ def _constructor_arguments(env_id: str) -> list[str]:
     return [p.name for p in parameters if p.kind in kinds and p.name != "render_mode"]
 
 
+def _missing_dependency(env_id: str, message: str) -> str:
+    """The line for an env whose package is missing, from gymnasium's ``message``: what is
+    missing and the last ``pip install`` it names, the smallest that works (for Box2D,
+    ``gymnasium[box2d]`` alone: a ready-built wheel, or swig as its own dependency where
+    it builds; gymnasium's own message passes on a ``pip install swig`` step first)."""
+    missing = re.match(r"\s*(\S+) is not installed", message)
+    installs = re.findall(r"`(pip install [^`]+)`", message)
+    if missing is None or not installs:
+        return f"{env_id} needs a package that is not installed: {message}"
+    return f"{env_id} needs {missing.group(1)}, which is not installed: {installs[-1]}"
+
+
 def _gym_make(env_id: str, env_kwargs: Mapping[str, Any] | None, **fixed: Any) -> gym.Env:
     """``gymnasium.make`` with the user's ``env_kwargs``; a keyword it rejects is a UserError."""
     user = dict(env_kwargs or {})
     try:
         return gym.make(env_id, **user, **fixed)
     except gym.error.DependencyNotInstalled as e:
-        raise UserError(f"{env_id} needs a package that is not installed: {e}") from None
+        raise UserError(_missing_dependency(env_id, str(e))) from None
     except (TypeError, ValueError, KeyError) as e:
         if not user:
             raise

@@ -8,6 +8,7 @@ full-colour game, not the agent's 84x84 input). Needs the ``video`` extra.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from agent.usage import install_hint
 from envs.make import ATARI_FRAME_SKIP, is_atari, make_env
 from envs.wrappers import WrapperSpec
 
-__all__ = ["EpisodeRecorder", "displayable", "video_env"]
+__all__ = ["EpisodeRecorder", "displayable", "free_prefix", "video_env"]
 
 # Frames smaller than this (MinAtar draws its 10x10 grid as 10x10 pixels) are enlarged.
 MIN_VIDEO_SIZE = 160
@@ -52,13 +53,20 @@ class EpisodeRecorder(RecordVideo):
     captured frame is written, once, in order. Triggers and capture stay gymnasium's.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.written: list[Path] = []
+        """The mp4 files this recorder wrote, in order."""
+
     def stop_recording(self) -> None:
         import imageio_ffmpeg
 
         if self.recorded_frames:
             height, width = displayable(self.recorded_frames[0]).shape[:2]
+            path = Path(self.video_folder) / f"{self._video_name}.mp4"
+            self.written.append(path)
             writer = imageio_ffmpeg.write_frames(
-                os.path.join(self.video_folder, f"{self._video_name}.mp4"),
+                str(path),
                 (width, height),
                 fps=self.frames_per_sec,
                 macro_block_size=2,  # H.264 in yuv420p needs even sizes; others stay as they are
@@ -73,6 +81,18 @@ class EpisodeRecorder(RecordVideo):
         self._video_name = None
 
 
+def free_prefix(video_dir: Path, prefix: str = "rl-video") -> str:
+    """The name prefix of a recording into ``video_dir`` that no file there has:
+    ``rl-video`` (``rl-video-episode-0.mp4``, ...) in a new folder, else ``rl-video-2``,
+    ``rl-video-3``, ...: a second recording into a folder keeps the first one's videos."""
+    taken = {p.name for p in video_dir.glob("*.mp4")} if video_dir.is_dir() else set()
+    candidate, n = prefix, 1
+    while any(name.startswith(f"{candidate}-episode-") for name in taken):
+        n += 1
+        candidate = f"{prefix}-{n}"
+    return candidate
+
+
 def video_env(
     env_id: str,
     video_dir: str | Path,
@@ -83,7 +103,9 @@ def video_env(
     """``make_env(env_id)`` rendering ``rgb_array`` frames, every episode recorded as an mp4.
 
     A missing renderer or writer is a :class:`UserError` naming the ``video`` extra,
-    raised before anything is written.
+    raised before anything is written. Videos already in ``video_dir`` stay: this
+    recording's names start with another prefix (:func:`free_prefix`); its files are
+    the recorder's ``written``.
     """
     try:
         import imageio_ffmpeg  # noqa: F401  (writes the files)
@@ -115,9 +137,14 @@ def video_env(
     # real time is 60 / frame_skip frames per second.
     fps = 60 // ATARI_FRAME_SKIP if is_atari(env_id) else None
     try:
-        return EpisodeRecorder(
-            env, str(video_dir), episode_trigger=lambda _: True, fps=fps, disable_logger=True
-        )
+        with warnings.catch_warnings():
+            # Its "Overwriting existing videos" (in raw colour codes) is not so: the name
+            # prefix below is one that no file of the folder has.
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            return EpisodeRecorder(
+                env, str(video_dir), episode_trigger=lambda _: True, fps=fps,
+                disable_logger=True, name_prefix=free_prefix(Path(video_dir)),
+            )  # fmt: skip
     except OSError as e:
         env.close()
         raise UserError(

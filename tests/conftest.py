@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +102,73 @@ def train_checkpoint(run_dir: Path, env_id: str, total_steps: int, **overrides: 
     settings["learning_starts"] = min(total_steps, settings["learning_starts"])
     train(load_config(env_id, overrides=settings), run_dir, progress=False, echo=lambda _: None)
     return Path(run_dir) / "checkpoints" / "last.pt"
+
+
+# A bar frame as tqdm draws it: "| 120/400 [00:01<00:02, 95.2step/s, return=21.0]".
+BAR_FRAME = re.compile(r"\|\s*\d+/\d+ \[[^\]]*\]")
+
+
+def run_in_a_terminal(args: list[str], timeout: float = 240) -> tuple[int, list[str]]:
+    """``python run.py ARGS`` with a pseudo-terminal of 120 columns as its stdin, stdout
+    and stderr, as a user's shell runs it: (exit status, the lines the screen shows).
+
+    A line shows what was written on it after each carriage return wrote over it (the
+    way a progress bar redraws itself and is cleared); escape sequences are dropped."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import time
+
+    root = Path(__file__).resolve().parent.parent
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=root, stdin=slave,
+                            stdout=slave, stderr=slave, close_fds=True)  # fmt: skip
+    os.close(slave)
+    raw, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child closed the terminal (EIO)
+                    break
+                if not chunk:
+                    break
+                raw += chunk
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+            raise AssertionError(f"{args} ran past {timeout} s: {raw[-2000:]!r}")
+        code = proc.wait(timeout=30)
+    finally:
+        os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode(errors="replace"))
+    lines = []
+    for written in text.split("\n"):
+        cells: list[str] = []
+        column = 0
+        for char in written:
+            if char == "\r":
+                column = 0
+                continue
+            if column < len(cells):
+                cells[column] = char
+            else:
+                cells.append(char)
+            column += 1
+        lines.append("".join(cells).rstrip())
+    return code, lines
+
+
+def text_after_a_bar(lines: list[str]) -> list[str]:
+    """The lines where text follows a progress bar's frame: a message glued to a bar."""
+    return [line for line in lines
+            if (m := BAR_FRAME.search(line)) and line[m.end():].strip()]  # fmt: skip

@@ -185,3 +185,22 @@ def test_save_buffer_auto_keeps_every_default_buffer_but_atari(env_id: str, kept
     assert cfg.save_buffer == "auto"
     assert ckpt.keeps_buffer(cfg.save_buffer, nbytes) is kept
     assert ckpt.keeps_buffer(True, nbytes) and not ckpt.keeps_buffer(False, nbytes)
+
+
+def test_a_file_cut_short_anywhere_is_one_line_naming_it_without_the_reader_s_errno(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint cut short (a copy that stopped half-way, a disk that filled outside our
+    atomic writes) fails in the zip reader with an errno or miniz's internals, wherever
+    the cut falls: the line names the file and that it cannot be read, not those."""
+    path = ckpt.save_checkpoint(tmp_path / "last.pt", {**_payload(), "big": torch.ones(20_000)})
+    raw = path.read_bytes()
+    for size in (100, 5_000, len(raw) // 2, len(raw) - 10):
+        cut = tmp_path / f"cut-{size}.pt"
+        cut.write_bytes(raw[:size])
+        with pytest.raises(UserError) as info:
+            ckpt.load_checkpoint(cut)
+        message = str(info.value)
+        assert str(cut) in message and "\n" not in message
+        assert "Errno" not in message and "miniz" not in message, message
+        assert isinstance(info.value, ckpt.UnreadableCheckpoint)

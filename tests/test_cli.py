@@ -69,9 +69,47 @@ def test_resume_takes_the_run_directory_or_its_last_checkpoint(
                      "--no-progress"]) == 0
     assert _result(run_dir)["global_step"] == 2_000
     capsys.readouterr()
-    # best.pt holds no replay or optimizer: a resume names the directory to give instead.
+    # best.pt holds no replay or optimizer: while last.pt can be read, a resume from best.pt
+    # (which would go back to its step) names the exact one instead.
     code = cli.main(["--resume", str(run_dir / "checkpoints" / "best.pt")])
-    assert "give the run directory" in _one_line_error(code, capsys.readouterr().err)
+    assert f"--resume {run_dir} " in _one_line_error(code, capsys.readouterr().err)
+
+
+def test_a_run_whose_last_pt_is_cut_short_resumes_as_the_error_advises(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, 1_000, early_stop="false") == 0
+    checkpoints = run_dir / "checkpoints"
+    last, best = checkpoints / "last.pt", checkpoints / "best.pt"
+    copy = tmp_path / "backup" / "last.pt"
+    copy.parent.mkdir()
+    copy.write_bytes(last.read_bytes())
+    last.write_bytes(copy.read_bytes()[: copy.stat().st_size // 2])  # a copy cut short
+    capsys.readouterr()
+    line = _one_line_error(cli.main(["--resume", str(run_dir)]), capsys.readouterr().err)
+    assert "Errno" not in line
+    # The advice is a command that runs: on from best.pt, approximately.
+    advised = re.search(r"--resume (\S+)", line)
+    assert advised is not None and Path(advised.group(1)) == best, line
+    assert cli.main(["--resume", advised.group(1), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "approximate" in out
+    result = _result(run_dir)
+    best_step = torch.load(best, weights_only=True)["counters"]["global_step"]
+    assert result["status"] == "finished" and result["global_step"] == 1_000
+    assert result["pieces"][-1]["from_step"] == best_step < 1_000
+    assert torch.load(last, weights_only=True)["counters"]["global_step"] == 1_000
+    # A copy of last.pt outside any run: one line saying where it goes, and from there
+    # (last.pt cut short again) it continues the run, exactly as the copy was saved.
+    line = _one_line_error(cli.main(["--resume", str(copy)]), capsys.readouterr().err)
+    assert "checkpoints/" in line
+    last.write_bytes(copy.read_bytes()[:100])
+    placed = checkpoints / "last-copy.pt"
+    placed.write_bytes(copy.read_bytes())
+    code = cli.main(["--resume", str(placed), "--total-steps", "1200", "--no-progress"])
+    assert code == 0 and "exact" in capsys.readouterr().out
+    assert [p["from_step"] for p in _result(run_dir)["pieces"]] == [0, 1_000]
 
 
 def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
@@ -117,6 +155,24 @@ def test_a_finished_run_says_so_and_an_extension_keeps_the_whole_runs_figures(
     assert f"finished all its {end} steps" in line
 
 
+def test_in_a_terminal_no_message_lands_on_the_progress_bar_s_line(tmp_path: Path) -> None:
+    from conftest import BAR_FRAME, run_in_a_terminal, text_after_a_bar
+
+    run_dir = tmp_path / "run"
+    code, lines = run_in_a_terminal([
+        "--env", "CartPole-v1", "--total-steps", "400", "--run-dir", str(run_dir),
+        "--device", "cpu", "--set", "random_starts=100", "--set", "learning_starts=100",
+        "--set", "log_interval=100", "--set", "eval_interval=0",
+    ])  # fmt: skip
+    assert code == 0 and any(BAR_FRAME.search(line) for line in lines), lines
+    assert text_after_a_bar(lines) == []
+    assert any(str(run_dir) in line for line in lines)  # the messages: on lines of their own
+    # A resume prints its own line first, then the run's: none on a bar either.
+    code, lines = run_in_a_terminal(["--resume", str(run_dir), "--total-steps", "600"])
+    assert code == 0 and any(BAR_FRAME.search(line) for line in lines), lines
+    assert text_after_a_bar(lines) == []
+
+
 @pytest.mark.parametrize(
     ("args", "fix"),
     [
@@ -145,6 +201,28 @@ def test_config_errors_name_what_fixes_them(
     line = _one_line_error(code, capsys.readouterr().err)
     assert fix in line
     assert not (tmp_path / "r").exists()
+
+
+def test_help_for_config_lists_every_preset_of_the_presets_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent import config_files
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option, no name broken at a hyphen
+
+    def listed() -> set[str]:
+        (line,) = [x for x in cli.build_parser().format_help().splitlines()
+                   if x.lstrip().startswith("--config")]  # fmt: skip
+        return set(re.findall(r"[\w-]+", line.split("preset", 1)[1]))
+
+    shipped = {p.stem for p in (config_files.CONFIG_DIR / "presets").glob("*.yaml")}
+    assert len(shipped) > 1 and shipped <= listed()
+    # A preset added to the folder is listed without an edit anywhere else.
+    (tmp_path / "presets").mkdir()
+    for name in ("rainbow", "my-new-preset"):
+        (tmp_path / "presets" / f"{name}.yaml").write_text("lr: 0.001\n")
+    monkeypatch.setattr(config_files, "CONFIG_DIR", tmp_path)
+    assert {"rainbow", "my-new-preset"} <= listed() and "der" not in listed()
 
 
 def test_resume_of_what_holds_no_run_suggests_only_what_resume_takes(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -410,3 +413,44 @@ def test_a_round_played_in_parts_scores_as_the_whole() -> None:
              for first, n in ((0, 4), (4, 4), (8, 3))]  # fmt: skip
     assert np.concatenate([p.returns for p in parts]).tolist() == whole.returns.tolist()
     assert np.concatenate([p.lengths for p in parts]).tolist() == whole.lengths.tolist()
+
+
+def _cut_short(path: Path) -> None:
+    """``path`` truncated to half its bytes, as a copy that stopped half-way leaves it."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_eval_of_a_run_plays_its_other_checkpoint_where_the_favoured_one_cannot_be_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from agent import cli
+    from conftest import train_checkpoint
+
+    last = train_checkpoint(tmp_path / "run", "CartPole-v1", 1_000, eval_interval=500)
+    run_dir, best = last.parent.parent, last.parent / "best.pt"
+    intact = {p: p.read_bytes() for p in (best, last)}
+    written = json.loads((run_dir / "result.json").read_text())
+
+    def evaluated(favoured: Path, **figures: object) -> tuple[str, str]:
+        """(the checkpoint --eval RUN played, its line saying which) with ``favoured``,
+        the one the run's figures favour, cut short."""
+        for path, raw in intact.items():
+            path.write_bytes(raw)
+        (run_dir / "result.json").write_text(json.dumps({**written, **figures}))
+        _cut_short(favoured)
+        capsys.readouterr()
+        assert cli.main(["--eval", str(run_dir), "--episodes", "1", "--json",
+                         "--device", "cpu"]) == 0  # fmt: skip
+        out = capsys.readouterr().out.splitlines()
+        (line,) = [x for x in out if x.startswith("checkpoint:")]
+        return json.loads(out[-1])["checkpoint"], line
+
+    taken, line = evaluated(last, best_confirmed=True, best_eval_return=3.0, final_eval_return=4.0)
+    assert taken == str(best) and str(best) in line and "last.pt" in line
+    taken, line = evaluated(best, best_confirmed=True, best_eval_return=4.0, final_eval_return=3.0)
+    assert taken == str(last) and str(last) in line and "best.pt" in line
+    # Neither can be read: one line, exit status 2.
+    _cut_short(last)
+    code = cli.main(["--eval", str(run_dir), "--episodes", "1", "--device", "cpu"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Errno" not in lines[0], lines

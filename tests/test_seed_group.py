@@ -203,6 +203,19 @@ def test_seeds_without_ray_train_in_this_process_and_summarise(tmp_path: Path) -
     assert {row["seed"] for row in summary["trials"]} == {1, 2}
 
 
+def test_in_a_terminal_no_line_of_a_seed_group_lands_on_its_progress_bar(tmp_path: Path) -> None:
+    from conftest import BAR_FRAME, run_in_a_terminal, text_after_a_bar
+
+    # Evaluations every 200 steps, and a line for each seed as it ends, while the bar runs.
+    code, lines = run_in_a_terminal([
+        "--env", "CartPole-v1", "--seeds", "2", "--total-steps", "400", "--run-dir",
+        str(tmp_path / "sweep"), "--device", "cpu", "--set", "random_starts=100", "--set",
+        "learning_starts=100", "--set", "eval_interval=200", "--set", "log_interval=100",
+    ])  # fmt: skip
+    assert code == 0 and any(BAR_FRAME.search(line) for line in lines), lines
+    assert text_after_a_bar(lines) == []
+
+
 def test_ctrl_c_on_seeds_summarises_what_is_known_and_how_they_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

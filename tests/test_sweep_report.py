@@ -9,6 +9,7 @@ import pytest
 from sweep_helpers import fake_sweep
 
 from agent.sweep.report import format_summary, plot_curves, summarize
+from agent.usage import install_hint
 
 
 def test_summary_statistics_from_run_directories(tmp_path: Path) -> None:
@@ -40,6 +41,8 @@ def test_plot_is_skipped_with_a_note_without_matplotlib(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     note = plot_curves(s, tmp_path / "eval_curves.png")
     assert note is not None and "matplotlib" in note and "\n" not in note
+    # matplotlib alone draws it: not the bench extra (SB3, Box2D, rliable, ...).
+    assert "pip install matplotlib" in note and install_hint("bench") not in note
     assert not (tmp_path / "eval_curves.png").exists()
 
 

@@ -1,11 +1,15 @@
 """--track: the run on Weights & Biases beside TensorBoard, offline (WANDB_MODE=offline, no
 network): every scalar TensorBoard gets, the config, the results, a resume into the same
-W&B run, the videos of --eval --video; without wandb, one line."""
+W&B run, the videos of --eval --video; without wandb, or without a W&B login where no
+terminal can ask for one, one line and no half-made run directory."""
 
 from __future__ import annotations
 
+import io
+import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -114,3 +118,94 @@ def test_tracking_without_wandb_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "Weights & Biases, which is not installed" in lines[0] and ".[track]" in lines[0]
     assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+class _FakeRun:
+    """What the tracker uses of a W&B run, recorded nowhere."""
+
+    id = "fake"
+
+    def __init__(self) -> None:
+        self.summary: dict[str, float] = {}
+
+    def define_metric(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def log(self, values: dict[str, object]) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def _wandb_without_a_key() -> types.ModuleType:
+    """wandb as it is installed without an API key (no `wandb login`, no WANDB_API_KEY):
+    with WANDB_MODE unset and stdin not a terminal, ``init`` raises wandb's UsageError (a
+    ``wandb.errors.Error``), as wandb 0.31's login does; offline, it starts a run."""
+    wandb = types.ModuleType("wandb")
+    errors = types.ModuleType("wandb.errors")
+
+    class Error(Exception):
+        pass
+
+    class UsageError(Error):
+        pass
+
+    errors.Error, errors.UsageError = Error, UsageError  # type: ignore[attr-defined]
+
+    def init(**kwargs: object) -> _FakeRun:
+        offline = os.environ.get("WANDB_MODE") in ("offline", "disabled")
+        if not offline and not os.environ.get("WANDB_API_KEY") and not sys.stdin.isatty():
+            raise UsageError("No API key configured. Use `wandb login` to log in.")
+        return _FakeRun()
+
+    wandb.errors, wandb.Error, wandb.init = errors, Error, init  # type: ignore[attr-defined]
+    return wandb
+
+
+def _tracking_error(code: int, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "wandb login" in lines[0] and "WANDB_MODE=offline" in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_w_and_b_run_that_cannot_log_in_is_one_line_and_leaves_no_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", _wandb_without_a_key())
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # a script, nohup, a batch job
+    args = ["--env", "CartPole-v1", "--track", "--no-progress", "--device", "cpu"]
+    # A new directory, with a parent it made too: both gone again.
+    new = tmp_path / "runs" / "new"
+    _tracking_error(cli.main([*args, "--run-dir", str(new)]), capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()
+    # A directory that was there: what it held before stays, nothing else.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    _tracking_error(cli.main([*args, "--run-dir", str(mine)]), capsys.readouterr().err)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_resumed_run_whose_w_and_b_run_cannot_start_keeps_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", _wandb_without_a_key())
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setattr(sys, "stdin", io.StringIO())
+    run = tmp_path / "run"
+    monkeypatch.setenv("WANDB_MODE", "offline")  # tracked offline, then interrupted
+    assert cli.main(["--env", "CartPole-v1", "--run-dir", str(run), "--no-progress",
+                     "--device", "cpu", "--total-steps", "600", "--track", "--set",
+                     "random_starts=300", "--set", "eval_interval=0"]) == 0  # fmt: skip
+    files = sorted(run.rglob("*"))
+    saved = {p: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    monkeypatch.delenv("WANDB_MODE")
+    capsys.readouterr()
+    code = cli.main(["--resume", str(run), "--total-steps", "900", "--no-progress"])
+    _tracking_error(code, capsys.readouterr().err)
+    assert sorted(run.rglob("*")) == files  # nothing of the run removed
+    assert {p: p.read_bytes() for p in (run / "checkpoints").iterdir()} == saved

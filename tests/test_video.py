@@ -180,3 +180,27 @@ def test_video_takes_the_env_from_the_checkpoint_without_env(
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["env"] == "CartPole-v1"
     assert [v.name for v in video_dir.glob("*.mp4")] == ["rl-video-episode-0.mp4"]
+
+
+def test_a_second_video_into_the_same_folder_keeps_the_first_and_prints_no_raw_codes(
+    tmp_path: Path,
+    cartpole_checkpoint: Path,
+    capsys: pytest.CaptureFixture,
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    pytest.importorskip("moviepy")
+    video_dir = tmp_path / "videos"
+    args = ["--eval", str(cartpole_checkpoint), "--episodes", "1", "--video", str(video_dir),
+            "--device", "cpu"]  # fmt: skip
+    assert cli.main(args) == 0, capsys.readouterr().err
+    first = {p.name: p.read_bytes() for p in video_dir.glob("*.mp4")}
+    assert len(first) == 1
+    capsys.readouterr()
+    assert cli.main([*args, "--seed", "7"]) == 0  # another episode, into the same folder
+    out, err = capsys.readouterr()
+    now = {p.name: p.read_bytes() for p in video_dir.glob("*.mp4")}
+    assert len(now) == 2 and {name: now[name] for name in first} == first  # kept as it was
+    (new,) = set(now) - set(first)
+    assert new in out  # the line names what this evaluation wrote
+    shown = out + err + "".join(str(w.message) for w in recwarn)
+    assert "\x1b[" not in shown  # no terminal colour codes (gymnasium's warning)

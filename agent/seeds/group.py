@@ -40,6 +40,7 @@ from agent.checkpoint import resume_exactness
 from agent.config import Config
 from agent.errors import UserError
 from agent.learner import Metrics, NonFiniteError
+from agent.monitor import warnings_above_bars
 from agent.replay import FrameReplayBuffer, ReplayBuffer
 from agent.replay.base import Batch
 from agent.noisy import noise_switched
@@ -288,11 +289,6 @@ def train_group(
         ]
         index = {id(s): i for i, s in enumerate(seeds)}
         cfg = cfgs[0]
-        bar = tqdm(
-            total=cfg.total_steps, initial=seeds[0].run.counters.global_step, unit="step",
-            disable=not (progress and sys.stderr.isatty()), desc=f"{len(seeds)} seeds",
-        )  # fmt: skip
-        cleanup.callback(bar.close)
         where = Path(run_dirs[0]).parent
         echo(f"{len(seeds)} seeds in one process, networks stacked: run directories in {where}")
         echo(f"watch them with: tensorboard --logdir {where}")
@@ -303,7 +299,14 @@ def train_group(
         if step:
             how = resume_exactness(checkpoints[0] or {})
             echo(f"resuming {len(seeds)} seeds at step {step:,}, saved {how}")
-
+        # Drawn below the lines above: a bar drawn first keeps its first frame with the
+        # next line glued to it.
+        bar = tqdm(
+            total=cfg.total_steps, initial=step, unit="step",
+            disable=not (progress and sys.stderr.isatty()), desc=f"{len(seeds)} seeds",
+        )  # fmt: skip
+        cleanup.callback(bar.close)
+        cleanup.enter_context(warnings_above_bars())
         stop = cleanup.enter_context(StopSignals())
 
         def end(seed: Member, outcome: str | BaseException) -> None:
@@ -311,7 +314,9 @@ def train_group(
             result = _finish(seed, outcome, stop)
             results[index[id(seed)]] = result
             if on_done is not None and isinstance(result, TrainResult):
-                on_done(result)
+                # What it prints (a line per seed that ends) goes above the bar, not onto it.
+                with tqdm.external_write_mode():
+                    on_done(result)
 
         # the loop of a single run, every seed a member; returns once every seed has ended
         train_loop(seeds, SeedStack(seeds, cfg), cfg, stop, end, bar)

@@ -18,7 +18,6 @@ import numpy as np
 
 from agent.sweep.stats import bootstrap_ci, iqm, percentiles, steps_to_solve
 from agent.sweep.trials import Trial, read_result, trial_state
-from agent.usage import install_hint
 
 __all__ = ["format_number", "format_summary", "plot_curves", "summarize", "write_summary"]
 
@@ -186,8 +185,8 @@ def plot_curves(summary: dict[str, Any], path: Path) -> str | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        return f"note: no eval_curves.png (needs matplotlib: {install_hint('bench')})"
+    except ImportError:  # matplotlib alone draws it: not the whole bench extra
+        return "note: no eval_curves.png (needs matplotlib: pip install matplotlib)"
     curves: dict[str, list[list[tuple[int, float]]]] = {}
     for r in summary["trials"]:
         if r["state"] == "done" and r.get("eval_curve"):
