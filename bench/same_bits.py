@@ -27,6 +27,20 @@ from pathlib import Path
 
 import torch
 
+
+
+def _der(game: str, *settings: str) -> list[str]:
+    """``--config der`` on ``game`` for 2,400 steps (800 updates) and two capped final
+    episodes, with ``settings`` (KEY=VALUE) over it."""
+    return ["--env", f"{game}NoFrameskip-v4", "--config", "der", "--total-steps", "2400",
+            *(arg for setting in settings for arg in ("--set", setting)),
+            "--set", "final_episodes=2", "--set", "eval_envs=2",
+            "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]  # fmt: skip
+
+
+# The Atari 100k report's epsilon-greedy arm, as --set (bench/atari100k.py's EPSILON).
+_EPSILON = ("exploration=epsilon", "noisy_layers=none", "epsilon_end=0.01",
+            "epsilon_fraction=0.05")  # fmt: skip
 # (name, run.py arguments): short, but long enough that every case learns, evaluates and
 # checkpoints.
 CASES: list[tuple[str, list[str]]] = [
@@ -57,32 +71,15 @@ CASES: list[tuple[str, list[str]]] = [
                       "--set", "eval_interval=1200", "--set", "eval_episodes=1",
                       "--set", "confirm_episodes=1",
                       "--set", "env_kwargs={max_num_frames_per_episode: 4000}"]),
-    ("atari-der", ["--env", "BreakoutNoFrameskip-v4", "--config", "der", "--total-steps", "2400",
-                   "--set", "final_episodes=2", "--set", "eval_envs=2",
-                   "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
+    ("atari-der", _der("Breakout")),
     # The Atari 100k report's epsilon arm (bench/atari100k.py), and epsilon-greedy on a
     # net that has noisy layers (acting and learning on their mean weights).
-    ("atari-der-epsilon", ["--env", "BreakoutNoFrameskip-v4", "--config", "der",
-                           "--total-steps", "2400", "--set", "exploration=epsilon",
-                           "--set", "noisy_layers=none", "--set", "epsilon_end=0.01",
-                           "--set", "epsilon_fraction=0.05", "--set", "final_episodes=2",
-                           "--set", "eval_envs=2",
-                           "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
+    ("atari-der-epsilon", _der("Breakout", *_EPSILON)),
     # A second game beside Breakout (18 actions to its 4), and the third report's noisy arm
     # (der-floor, as --set so that older checkouts run it too).
-    ("atari-der-krull", ["--env", "KrullNoFrameskip-v4", "--config", "der", "--total-steps",
-                         "2400", "--set", "final_episodes=2", "--set", "eval_envs=2",
-                         "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
-    ("atari-der-epsilon-krull", ["--env", "KrullNoFrameskip-v4", "--config", "der",
-                                 "--total-steps", "2400", "--set", "exploration=epsilon",
-                                 "--set", "noisy_layers=none", "--set", "epsilon_end=0.01",
-                                 "--set", "epsilon_fraction=0.05", "--set", "final_episodes=2",
-                                 "--set", "eval_envs=2",
-                                 "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
-    ("atari-der-floor", ["--env", "BreakoutNoFrameskip-v4", "--config", "der", "--total-steps",
-                         "2400", "--set", "noisy_epsilon=0.01", "--set", "final_episodes=2",
-                         "--set", "eval_envs=2",
-                         "--set", "env_kwargs={max_num_frames_per_episode: 8000}"]),
+    ("atari-der-krull", _der("Krull")),
+    ("atari-der-epsilon-krull", _der("Krull", *_EPSILON)),
+    ("atari-der-floor", _der("Breakout", "noisy_epsilon=0.01")),
     ("cartpole-epsilon-mean", ["--env", "CartPole-v1", "--total-steps", "3000",
                                "--set", "exploration=epsilon", "--set", "random_starts=500",
                                "--set", "eval_interval=1500"]),
