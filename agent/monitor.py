@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from agent.values import greedy_actions, q_values, support_of
 
 __all__ = [
     "Monitor",
+    "above_bars",
     "action_disagreement",
     "exploration_stats",
     "noise_stats",
@@ -156,6 +157,18 @@ def warnings_above_bars() -> Iterator[None]:
         yield
     finally:
         warnings.showwarning = show
+
+
+def above_bars(echo: Callable[[str], Any]) -> Callable[[str], None]:
+    """``echo`` for lines that may come while a progress bar is on screen (the learner's
+    news at its first update): the bars are lifted off the terminal, the line written,
+    and the bars drawn again below it. Without a bar on screen, ``echo`` as it is."""
+
+    def write(line: str) -> None:
+        with tqdm.external_write_mode():
+            echo(line)
+
+    return write
 
 
 class Monitor:

@@ -40,6 +40,7 @@ from agent.episodes import Episodes
 from agent.errors import UserError
 from agent.exploration import Exploration
 from agent.learner import CapturedUpdate, Learner
+from agent.monitor import above_bars
 from agent.networks import QNetwork, resolve_torso
 from agent.replay import Batch, FrameReplayBuffer, Replay, ReplayBuffer, choose_storage
 from agent.tracking import require_wandb
@@ -276,7 +277,7 @@ def build_agent(
             target_network,
             **learner_settings(cfg, exploration.noisy),
             backend=cfg.learner_backend,
-            announce=echo,
+            announce=None if echo is None else above_bars(echo),
         )
     except ValueError as e:  # learner_backend numpy or compile where it does not apply
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None

@@ -108,7 +108,9 @@ def train_checkpoint(run_dir: Path, env_id: str, total_steps: int, **overrides: 
 BAR_FRAME = re.compile(r"\|\s*\d+/\d+ \[[^\]]*\]")
 
 
-def run_in_a_terminal(args: list[str], timeout: float = 240) -> tuple[int, list[str]]:
+def run_in_a_terminal(
+    args: list[str], timeout: float = 240, env: dict[str, str] | None = None
+) -> tuple[int, list[str]]:
     """``python run.py ARGS`` with a pseudo-terminal of 120 columns as its stdin, stdout
     and stderr, as a user's shell runs it: (exit status, the lines the screen shows).
 
@@ -128,7 +130,8 @@ def run_in_a_terminal(args: list[str], timeout: float = 240) -> tuple[int, list[
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=root, stdin=slave,
-                            stdout=slave, stderr=slave, close_fds=True)  # fmt: skip
+                            stdout=slave, stderr=slave, close_fds=True,
+                            env=None if env is None else {**os.environ, **env})  # fmt: skip
     os.close(slave)
     raw, deadline = b"", time.monotonic() + timeout
     try:

@@ -474,3 +474,19 @@ def test_a_run_whose_update_cannot_compile_says_so_in_one_line_and_trains_eagerl
     assert "Traceback" not in out.stderr
     assert json.loads((run_dir / "result.json").read_text())["learner_backend"] == "torch"
 
+
+
+def test_the_learners_news_during_a_run_lands_above_the_progress_bar(tmp_path: Path) -> None:
+    """The compile backend's one line comes at the first update, with the bar on screen
+    (here the line that compiling failed: no C++ compiler): on a line of its own."""
+    from conftest import BAR_FRAME, run_in_a_terminal, text_after_a_bar
+
+    code, lines = run_in_a_terminal([
+        "--env", "CartPole-v1", "--total-steps", "400", "--run-dir", str(tmp_path / "run"),
+        "--device", "cpu", "--set", "random_starts=100", "--set", "learning_starts=100",
+        "--set", "log_interval=50", "--set", "eval_interval=0",
+        "--set", "learner_backend=compile",
+    ], env={"CXX": str(tmp_path / "no-such-g++")})  # fmt: skip
+    assert code == 0 and any(BAR_FRAME.search(line) for line in lines), lines
+    assert any("could not be compiled" in line for line in lines), lines
+    assert text_after_a_bar(lines) == []
