@@ -498,12 +498,40 @@ def wall_times(runs: Sequence[dict[str, Any]]) -> list[str]:
         walls = [r["wall_s"] - r["final_eval_s"] for r in group]
         evals = [r["final_eval_s"] for r in group]
         where = f"on {machine}" if machine else "on several or unrecorded machines"
+        shares = [r["final_eval_s"] / r["wall_s"] for r in group if r["wall_s"] > 0]
         lines.append(
             f"training wall time per run, {len(group)} run{'s' * (len(group) > 1)} {where}: median "
             f"{np.median(walls) / 60:.1f} min [{min(walls) / 60:.1f}, {max(walls) / 60:.1f}]; "
             f"the final evaluation: median {np.median(evals) / 60:.1f} min "
-            f"[{min(evals) / 60:.1f}, {max(evals) / 60:.1f}]"
+            f"[{min(evals) / 60:.1f}, {max(evals) / 60:.1f}], a median "
+            f"{np.median(shares):.0%} of a run's wall time [{min(shares):.0%}, {max(shares):.0%}]"
         )
+    return lines
+
+
+def machine_mix(runs: Sequence[dict[str, Any]], arms: Sequence[str]) -> list[str]:
+    """Per arm, where its runs trained and from how many commits: a count per CPU, runs
+    that trained on more than one (resumed on another VM, or a piece unrecorded) apart,
+    and runs recorded before runs kept their machine as unrecorded."""
+    lines = []
+    for arm in arms:
+        mine = [r for r in runs if r["arm"] == arm]
+        counts: dict[str, int] = {}
+        for r in mine:
+            machines = r.get("machines") or []
+            if not machines:
+                where = "unrecorded"
+            elif len(machines) > 1:
+                where = "on more than one CPU"
+            else:
+                where = "on " + str(machines[0]).split(",")[0]  # the CPU, not its threads
+            counts[where] = counts.get(where, 0) + 1
+        commits = sorted({r.get("commit") or "?" for r in mine})
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+        lines.append(f"{arm}: {len(mine)} run{'s' * (len(mine) != 1)}, "
+                     + ", ".join(f"{n} {where}" for where, n in ranked)
+                     + f"; from {len(commits)} commit{'s' * (len(commits) != 1)} "
+                     f"({', '.join(c[:7] for c in commits)})")  # fmt: skip
     return lines
 
 
@@ -788,7 +816,7 @@ def table(args: argparse.Namespace) -> str:
     if shares:
         lines += ["", "Share of training actions off the noise-free greedy ones (the floor's "
                   "and the noise's, or epsilon's), mean over each run's logs:", "", *shares]
-    lines += ["", *wall_times(runs)]
+    lines += ["", *wall_times(runs), "", *machine_mix(runs, arms)]
     return "\n".join(lines)
 
 

@@ -390,3 +390,21 @@ def test_the_screening_grid_gives_each_arm_its_normalised_difference_from_the_ba
     ]
     assert lines[5] == ("| against der-epsilon |  | ahead on 2 of 2, mean +0.375 "
                         "| ahead on 0 of 1, mean -0.250 |")  # fmt: skip
+
+
+def test_each_arms_mix_of_machines_and_commits_is_counted() -> None:
+    """The page states where each arm trained: a count per CPU, runs resumed on another
+    CPU apart, runs that predate the record as unrecorded, and the commits."""
+    amd, intel = "AMD EPYC, 1 torch thread", "Intel(R) Xeon(R) Processor, 1 torch thread"
+    runs = [
+        {"arm": "der", "machines": [amd], "commit": "aaaaaaa1"},
+        {"arm": "der", "machines": [amd], "commit": "bbbbbbb2"},
+        {"arm": "der", "machines": [intel, amd], "commit": "aaaaaaa1"},
+        {"arm": "der", "machines": None, "commit": "aaaaaaa1"},
+        {"arm": "der", "machines": [None, intel], "commit": "aaaaaaa1"},
+        {"arm": "der-floor", "machines": [intel], "commit": "ccccccc3"},
+    ]
+    der, floor = atari100k.machine_mix(runs, ["der", "der-floor"])
+    assert der == ("der: 5 runs, 2 on AMD EPYC, 2 on more than one CPU, 1 unrecorded; "
+                   "from 2 commits (aaaaaaa, bbbbbbb)")
+    assert floor == "der-floor: 1 run, 1 on Intel(R) Xeon(R) Processor; from 1 commit (ccccccc)"
