@@ -133,10 +133,10 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="a check every this many")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
-    out: dict[str, Any] = {"machine": machine(), "env": args.env, "nets": {}}
-    print(out["machine"])
     with contextlib.ExitStack() as cleanup:
         limit_cpu_threads(1, cleanup)
+        out: dict[str, Any] = {"machine": machine(), "env": args.env, "nets": {}}
+        print(out["machine"])
         for name in args.nets.split(","):
             out["nets"][name] = check(name, args)
     if args.json:
