@@ -213,19 +213,64 @@ def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(
     assert ("ahead on 1 (Pong), level on 2, behind on 0 (none)") in text
 
 
+def _atari100k_section() -> list[str]:
+    page = (ROOT / "docs" / "results.md").read_text().splitlines()
+    start = page.index("## Atari 100k { #atari100k }")
+    end = next((i for i in range(start + 1, len(page)) if page[i].startswith("## ")), len(page))
+    return page[start:end]
+
+
+def _page_arms(section: list[str]) -> list[str]:
+    """The arms of the page's per-game table, read from its header: the first column's
+    ``ARM, seeds ... (mean)``, then each ``ARM (mean)``."""
+    header = next(line for line in section if line.startswith("| game | "))
+    cells = [c.strip() for c in header.strip("|").split("|")][1:]
+    arms = [cells[0].split(",")[0]]
+    arms += [c.removesuffix(" (mean)") for c in cells[1:] if c.endswith(" (mean)")]
+    return arms
+
+
 def test_the_results_page_gives_the_reports_per_game_rows() -> None:
-    """docs/results.md#atari100k against the committed bench/atari100k_report.json: every
-    game that every arm has finished on every seed has the row the table command prints,
-    and no other game has one. A slip in copying a landed game shows here."""
+    """docs/results.md#atari100k against the committed bench/atari100k_report.json, for
+    the arms its table names (two today, three once report three lands): every game that
+    every arm has finished on every seed has the row the table command prints, and no
+    other game has one. A slip in copying a landed game shows here."""
     runs = atari100k.read_report(ROOT / "bench" / "atari100k_report.json")["runs"]
-    arms = ["der", "der-epsilon"]
+    section = _atari100k_section()
+    arms = _page_arms(section)
     games, seeds = atari100k.complete_cells(runs, arms)
     expected = atari100k.game_rows(runs, arms, games, seeds)
-    page = (ROOT / "docs" / "results.md").read_text().splitlines()
-    start = page.index(expected[0])  # the table's header
-    end = next(i for i in range(start, len(page)) if not page[i].startswith("|"))
-    assert page[start:end] == expected
-    assert f"{len(games)} of 26 games so far" in " ".join(page) or len(games) == 26
+    start = section.index(expected[0])  # the table's header
+    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
+    assert section[start:end] == expected
+    assert f"{len(games)} of 26 games so far" in " ".join(section) or len(games) == 26
+
+
+def test_the_results_pages_aggregates_are_the_jsons() -> None:
+    """The page's aggregate rows, each arm's and each paired difference's: the point
+    values (the first number of each cell) recomputed from the JSON's runs, to the three
+    decimals shown (the intervals are the table command's 50,000 resamples)."""
+    runs = atari100k.read_report(ROOT / "bench" / "atari100k_report.json")["runs"]
+    section = _atari100k_section()
+    arms = _page_arms(section)
+    games, seeds = atari100k.complete_cells(runs, arms)
+    matrices = {a: atari100k.score_matrix(runs, a, games, seeds) for a in arms}
+    fns = atari100k._metric_fns()
+    rows = {line.split("|")[1].strip(): line for line in section if line.startswith("| ")}
+    checked = 0
+    for label, line in rows.items():
+        if label in arms:
+            points = [fns[m](matrices[label]) for m in atari100k.METRICS]
+        elif label.endswith(", paired") and label.split(" - ")[0] in arms:
+            a, b = label.removesuffix(", paired").split(" - ")
+            points = [fns[m](matrices[a]) - fns[m](matrices[b]) for m in atari100k.METRICS]
+        else:
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")][1:]
+        shown = [float(c.split()[0].replace("+", "")) for c in cells]
+        assert shown == pytest.approx(points, abs=5.1e-4), label
+        checked += 1
+    assert checked >= len(arms) + len(arms) - 1  # every arm, and the first against the rest
 
 
 def test_the_per_game_rows_give_the_published_scores_asked_for(tmp_path: Path) -> None:
