@@ -33,6 +33,7 @@ __all__ = [
     "noise_disabled",
     "noise_switched",
     "noisy_layers",
+    "noisy_parameter",
     "reset_noise",
     "set_noise",
 ]
@@ -135,7 +136,7 @@ class NoisyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.noise_enabled:
             return F.linear(x, self.weight_mu, self.bias_mu)
-        bias = torch.addcmul(self.bias_mu, self.bias_sigma, self.epsilon_out)
+        bias = noisy_parameter(self.bias_mu, self.bias_sigma, self.epsilon_out)
         if x.dim() == 2 and x.shape[0] <= FACTORISED_MAX_ROWS and (
             self.weight_mu.numel() >= FACTORISED_MIN_WEIGHTS
         ):
@@ -145,7 +146,7 @@ class NoisyLinear(nn.Module):
             mean = F.linear(x, self.weight_mu, bias)
             return torch.addcmul(mean, F.linear(x * self.epsilon_in, self.weight_sigma),
                                  self.epsilon_out)  # fmt: skip
-        weight = torch.addcmul(self.weight_mu, self.weight_sigma, self.weight_epsilon)
+        weight = noisy_parameter(self.weight_mu, self.weight_sigma, self.weight_epsilon)
         return F.linear(x, weight, bias)
 
     def extra_repr(self) -> str:
@@ -153,6 +154,13 @@ class NoisyLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"sigma0={self.sigma0}, noise_enabled={self.noise_enabled}"
         )
+
+
+def noisy_parameter(mu: torch.Tensor, sigma: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
+    """``mu + sigma * epsilon``, a noisy weight or bias, in one op: the one formula of every
+    PyTorch path (a layer, a stack of seeds' layers: shapes broadcast), so that they round
+    alike."""
+    return torch.addcmul(mu, sigma, epsilon)
 
 
 def noisy_layers(module: nn.Module) -> list[NoisyLinear]:

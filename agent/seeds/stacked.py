@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.networks import QNetwork
-from agent.noisy import NoisyLinear
+from agent.noisy import NoisyLinear, noisy_parameter
 
 __all__ = [
     "NoiseDraw",
@@ -98,8 +98,9 @@ class StackedNoisyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.noise_enabled:
             return stacked_affine(self.bias_mu, x, self.weight_mu)
-        weight = self.weight_mu + self.weight_sigma * self.weight_epsilon  # (S, out, in)
-        bias = self.bias_mu + self.bias_sigma * self.epsilon[:, self.in_features :]  # (S, out)
+        # NoisyLinear's formula, per seed: (S, out, in) and (S, out)
+        weight = noisy_parameter(self.weight_mu, self.weight_sigma, self.weight_epsilon)
+        bias = noisy_parameter(self.bias_mu, self.bias_sigma, self.epsilon[:, self.in_features :])
         return stacked_affine(bias, x, weight)
 
 
