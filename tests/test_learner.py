@@ -375,15 +375,21 @@ def test_numpy_updates_equal_autograd_updates_for_the_der_network(noisy: str) ->
             actions=torch.randint(0, 3, (8,), generator=g),
             weights=torch.rand(8, dtype=torch.float64, generator=g) + 0.1,
         )
-        errors = []
-        for learner in (a, b):
-            torch.manual_seed(100 + i)
-            errors.append(learner.update(batch))
-        torch.testing.assert_close(errors[0], errors[1], rtol=1e-9, atol=1e-12)
-        if i == 3:
-            a.sync_target()
-            b.sync_target()
+        _step_twins(a, b, batch, i)
     _assert_same_learners(a, b)
+
+
+def _step_twins(a: Learner, b: Learner, batch: Batch, i: int) -> None:
+    """Update step ``i`` of two twin learners on ``batch`` under the same noise: the same
+    per-sample errors to 1e-9 (float64); the targets synced after step 3."""
+    errors = []
+    for learner in (a, b):
+        torch.manual_seed(100 + i)  # both draw their update noise from here
+        errors.append(learner.update(batch))
+    torch.testing.assert_close(errors[0], errors[1], rtol=1e-9, atol=1e-12)
+    if i == 3:
+        a.sync_target()
+        b.sync_target()
 
 
 def test_numpy_updates_leave_frozen_parameters_alone_as_autograd_does() -> None:
@@ -576,15 +582,7 @@ def test_compiled_updates_equal_the_numpy_engines_for_the_der_network() -> None:
     b = Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-3, backend="compile",
                 announce=lines.append)  # fmt: skip
     for i in range(6):
-        batch = _image_batch(i, (4, 30, 30), 8, torch.float64)
-        errors = []
-        for learner in (a, b):
-            torch.manual_seed(100 + i)
-            errors.append(learner.update(batch))
-        torch.testing.assert_close(errors[0], errors[1], rtol=1e-9, atol=1e-12)
-        if i == 3:
-            a.sync_target()
-            b.sync_target()
+        _step_twins(a, b, _image_batch(i, (4, 30, 30), 8, torch.float64), i)
     _assert_same_learners(a, b)
     assert b.backend == "compile" and len(lines) == 1 and "compiled the update in" in lines[0]
 
