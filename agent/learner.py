@@ -239,9 +239,7 @@ class Learner:
         if self._compiling:
             loss, errors, q_taken = self._first_compiled(batch)
         else:
-            self.optimizer.zero_grad()
-            loss, errors, q_taken = self._loss(batch)
-            loss.backward()
+            loss, errors, q_taken = self._gradients(self._loss, batch)
         if self.max_grad_norm is not None:
             self.optimizer.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
@@ -251,6 +249,16 @@ class Learner:
         self.updates += 1
         return errors
 
+    def _gradients(
+        self, loss_fn: Callable[..., tuple[torch.Tensor, ...]], batch: BatchLike
+    ) -> tuple[torch.Tensor, ...]:
+        """``loss_fn(batch)`` (the loss, errors, Q taken) with the loss's gradients in the
+        optimizer's flat buffer."""
+        self.optimizer.zero_grad()
+        loss, errors, q_taken = loss_fn(batch)
+        loss.backward()
+        return loss, errors, q_taken
+
     def _first_compiled(self, batch: BatchLike) -> tuple[torch.Tensor, ...]:
         """The first compiled loss and its backward (both compiled here), timed and
         announced; where compiling fails, the same loss eagerly (nothing has changed
@@ -258,23 +266,19 @@ class Learner:
         self._compiling = False
         start = time.perf_counter()
         try:
-            self.optimizer.zero_grad()
-            loss, errors, q_taken = self._loss(batch)
-            loss.backward()
+            out = self._gradients(self._loss, batch)
         except Exception as e:  # no C++ compiler, an unsupported platform or op
             self._loss, self.backend = self.loss, "torch"
             # The first line names the cause (InvalidCxxCompiler: No working C++ compiler
             # found ...); the rest is dynamo's advice on verbose logs.
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            text = str(e).strip()
+            reason = text.splitlines()[0][:200] if text else type(e).__name__
             self._announce(f"the update could not be compiled ({reason}): it runs eagerly "
                            "(--set learner_backend=torch skips the attempt)")  # fmt: skip
-            self.optimizer.zero_grad()
-            loss, errors, q_taken = self.loss(batch)
-            loss.backward()
-            return loss, errors, q_taken
+            return self._gradients(self.loss, batch)
         self._announce(f"compiled the update in {time.perf_counter() - start:.1f} s "
                        "(torch.compile)")  # fmt: skip
-        return loss, errors, q_taken
+        return out
 
     def draw_update_noise(self) -> None:
         """Fresh noise for an update: the online network's (into buffers of its own),
