@@ -10,7 +10,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -18,6 +18,8 @@ from tqdm import tqdm
 
 from agent.noisy import NoiseBuffers, noise_disabled, noise_switched, noisy_layers
 from agent.values import greedy_actions, q_values, support_of
+
+T = TypeVar("T")
 
 __all__ = [
     "Monitor",
@@ -159,16 +161,16 @@ def warnings_above_bars() -> Iterator[None]:
         warnings.showwarning = show
 
 
-def above_bars(echo: Callable[[str], Any]) -> Callable[[str], None]:
-    """``echo`` for lines that may come while a progress bar is on screen (the learner's
-    news at its first update): the bars are lifted off the terminal, the line written,
-    and the bars drawn again below it. Without a bar on screen, ``echo`` as it is."""
+def above_bars(write: Callable[[T], Any]) -> Callable[[T], None]:
+    """``write`` for what may print while a progress bar is on screen (the learner's news
+    at its first update, a seed's line as it ends): the bars are lifted off the terminal,
+    ``write`` runs, and the bars are drawn again below. Without a bar, ``write`` as it is."""
 
-    def write(line: str) -> None:
+    def lifted(item: T) -> None:
         with tqdm.external_write_mode():
-            echo(line)
+            write(item)
 
-    return write
+    return lifted
 
 
 class Monitor:

@@ -40,7 +40,7 @@ from agent.checkpoint import resume_exactness
 from agent.config import Config
 from agent.errors import UserError
 from agent.learner import Metrics, NonFiniteError
-from agent.monitor import warnings_above_bars
+from agent.monitor import above_bars, warnings_above_bars
 from agent.replay import FrameReplayBuffer, ReplayBuffer
 from agent.replay.base import Batch
 from agent.noisy import noise_switched
@@ -314,9 +314,7 @@ def train_group(
             result = _finish(seed, outcome, stop)
             results[index[id(seed)]] = result
             if on_done is not None and isinstance(result, TrainResult):
-                # What it prints (a line per seed that ends) goes above the bar, not onto it.
-                with tqdm.external_write_mode():
-                    on_done(result)
+                above_bars(on_done)(result)  # its line for the seed goes above the bar
 
         # the loop of a single run, every seed a member; returns once every seed has ended
         train_loop(seeds, SeedStack(seeds, cfg), cfg, stop, end, bar)
