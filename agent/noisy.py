@@ -36,6 +36,8 @@ __all__ = [
     "noisy_parameter",
     "reset_noise",
     "set_noise",
+    "signed_sqrt_",
+    "store_factors",
 ]
 
 # One observation through a large layer (the Nature-CNN head, acting in one env) takes
@@ -209,14 +211,38 @@ def draw_noise(
     scale: float = 1.0,
 ) -> None:
     """Factorised noise into ``epsilon`` (f(eps_in), then f(eps_out)) and ``weight_epsilon``
-    (their outer product), in place, with f(x) = sgn(x) sqrt(|x|); ``scale`` multiplies
-    the output factor."""
+    (their outer product), in place; ``scale`` multiplies the output factor."""
     epsilon.normal_(generator=generator)
-    sign = epsilon.sign()
-    epsilon.abs_().sqrt_().mul_(sign)
+    signed_sqrt_(epsilon)
+    store_factors(epsilon, epsilon, weight_epsilon, in_features, scale)
+
+
+def signed_sqrt_(x: torch.Tensor) -> torch.Tensor:
+    """f(x) = sgn(x) sqrt(|x|), in place: standard normals become noise factors."""
+    sign = x.sign()
+    return x.abs_().sqrt_().mul_(sign)
+
+
+def store_factors(
+    factors: torch.Tensor,
+    epsilon: torch.Tensor,
+    weight_epsilon: torch.Tensor,
+    in_features: int,
+    scale: float = 1.0,
+) -> None:
+    """The factors ``(..., in + out)`` into ``epsilon`` (``factors`` may be it) and their
+    outer products f(eps_out) f(eps_in)^T ``(..., out, in)`` into ``weight_epsilon``: one
+    layer's noise, or a seed axis of layers' in front. ``scale`` multiplies the output
+    factor, and so the weight and the bias noise alike."""
+    if factors is not epsilon:
+        epsilon.copy_(factors)
     if scale != 1.0:
-        epsilon[in_features:].mul_(scale)
-    torch.outer(epsilon[in_features:], epsilon[:in_features], out=weight_epsilon)
+        epsilon[..., in_features:].mul_(scale)
+    if epsilon.dim() == 1:  # one layer's: the cheapest call, as this runs per acting step
+        torch.outer(epsilon[in_features:], epsilon[:in_features], out=weight_epsilon)
+    else:  # each entry is one product, as in torch.outer: the same bits per seed
+        eps_in, eps_out = epsilon[..., :in_features], epsilon[..., in_features:]
+        torch.mul(eps_out.unsqueeze(-1), eps_in.unsqueeze(-2), out=weight_epsilon)
 
 
 class NoiseBuffers:

@@ -8,9 +8,11 @@
 core (``taskset``, one torch thread): ``run.py --seed 1`` (one seed, the single-run
 fast paths) and ``run.py --seeds 1-S`` (S seeds stacked in one process, no Ray), both
 with ``early_stop=false`` so every seed runs every step, evaluation and logging
-included. The single run is timed before and after the groups, so drift shows. Prints,
-per variant as it finishes, the wall time, env steps per second summed over seeds, and
-the per-seed throughput against the first lone run.
+included; ``--processes`` adds S lone runs started at once on the same core, the
+alternative to stacking a user has without it. The single run is timed before and
+after the groups, so drift shows. Prints, per variant as it finishes, the wall time, env
+steps per second summed over seeds, and the per-seed throughput against the first lone
+run.
 
 ``--config`` and ``--set`` pass a preset and overrides to every command (an Atari 100k
 group: ``--env KrullNoFrameskip-v4 --config der``). ``--window A B`` adds, per variant,
@@ -54,6 +56,24 @@ def timed(args: list[str], core: int | None) -> float:
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"run.py {' '.join(args)} failed:\n{out.stderr[-2000:]}")
+    return wall
+
+
+def timed_together(runs: list[list[str]], core: int | None) -> float:
+    """Wall seconds of several ``run.py`` processes started at once, until the last exits."""
+    prefix = ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen([*prefix, sys.executable, str(ROOT / "run.py"), *args], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        for args in runs
+    ]  # fmt: skip
+    errors = [(args, proc.communicate()[1]) for args, proc in zip(runs, procs, strict=True)]
+    wall = time.perf_counter() - start
+    for (args, stderr), proc in zip(errors, procs, strict=True):
+        if proc.returncode != 0:
+            raise SystemExit(f"run.py {' '.join(args)} failed:\n{stderr[-2000:]}")
     return wall
 
 
@@ -117,6 +137,12 @@ def speed(args: argparse.Namespace) -> None:
             wall = timed([*common, "--seeds", f"1-{s}", "--run-dir", f"{tmp}/group{s}"], args.core)
             row(f"{s} seeds in one process (run.py --seeds 1-{s})", s, wall,
                 Path(f"{tmp}/group{s}/seed_1"))  # fmt: skip
+            if args.processes:
+                runs = [[*common, "--seed", str(i), "--run-dir", f"{tmp}/procs{s}/seed_{i}"]
+                        for i in range(1, s + 1)]  # fmt: skip
+                wall = timed_together(runs, args.core)
+                row(f"{s} processes at once (run.py --seed i, each)", s, wall,
+                    Path(f"{tmp}/procs{s}/seed_1"))  # fmt: skip
         single(", again")
     if len(alone) == 2:
         print(f"\n(lone runs: {alone[0]:.1f} s and {alone[1]:.1f} s; the ratios use the first)")
@@ -181,6 +207,8 @@ def main() -> None:
     fast.add_argument("--device", default="cpu", help="cpu, or cuda: the groups on the GPU")
     fast.add_argument("--config", help="a preset or YAML for every command (e.g. der)")
     fast.add_argument("--set", action="append", help="KEY=VALUE for every command")
+    fast.add_argument("--processes", action="store_true",
+                      help="also run S lone processes at once on the same core(s), per group")
     fast.add_argument("--window", type=int, nargs=2, metavar=("A", "B"),
                       help="also the steps/s between env steps A and B (e.g. 2000 10000)")
     same = sub.add_parser("agree", help="the same seeds together and alone: the statistics")

@@ -5,12 +5,23 @@ from __future__ import annotations
 import io
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICES, OpRecorder
+from torch import nn
 
-from agent.noisy import NoisyLinear, noise_disabled, noisy_layers, reset_noise, set_noise
+from agent.noisy import (
+    NoisyLinear,
+    noise_disabled,
+    noisy_layers,
+    reset_noise,
+    set_noise,
+    signed_sqrt_,
+    store_factors,
+)
+from agent.numpy_backend import NumpyForward
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -83,6 +94,36 @@ def test_scaled_noise_is_the_same_draw_scaled() -> None:
     torch.testing.assert_close(half.weight_epsilon, 0.5 * full.weight_epsilon)
     torch.testing.assert_close(half.bias_epsilon, 0.5 * full.bias_epsilon)
     assert torch.equal(half.epsilon_in, full.epsilon_in)  # one factor scaled, not both
+
+
+def test_every_path_stores_the_same_noise_from_the_same_normals() -> None:
+    # A lone layer's draw and a seed axis of layers (the stacked seeds) turn the same
+    # standard normals into the same bits, through signed_sqrt_ and store_factors.
+    def generator(seed: int) -> torch.Generator:
+        return torch.Generator().manual_seed(seed)
+
+    normals = torch.stack(
+        [torch.empty(5 + 4, dtype=torch.float64).normal_(generator=generator(s)) for s in range(3)]
+    )
+    factors = signed_sqrt_(normals.clone())
+    stacked_eps = torch.empty(3, 9, dtype=torch.float64)
+    stacked_w = torch.empty(3, 4, 5, dtype=torch.float64)
+    store_factors(factors, stacked_eps, stacked_w, 5, scale=0.5)
+    for seed in range(3):
+        layer = NoisyLinear(5, 4, dtype=torch.float64)
+        layer.reset_noise(generator(seed), scale=0.5)
+        assert torch.equal(layer.epsilon, stacked_eps[seed])
+        assert torch.equal(layer.weight_epsilon, stacked_w[seed])
+        assert torch.equal(layer.weight_epsilon, torch.outer(layer.epsilon_out, layer.epsilon_in))
+    # f(x) = sgn(x) sqrt(|x|), elementwise.
+    assert torch.equal(factors, normals.sign() * normals.abs().sqrt())
+    # The numpy acting path draws its normals and f() with numpy (torch's vectorised sqrt
+    # may differ in the last bit), then stores them the same way.
+    layer = NoisyLinear(5, 4, dtype=torch.float64)
+    NumpyForward.build(nn.Sequential(layer), np.random.default_rng(4)).resample()
+    numpy_normals = torch.from_numpy(np.random.default_rng(4).standard_normal(9))
+    torch.testing.assert_close(layer.epsilon, signed_sqrt_(numpy_normals), rtol=1e-15, atol=0)
+    assert torch.equal(layer.weight_epsilon, torch.outer(layer.epsilon_out, layer.epsilon_in))
 
 
 def test_forward_matches_formula_and_gradients_reach_mu_and_sigma() -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from agent.noisy import store_factors
 from agent.numpy_backend.program import NumpyProgram
 
 __all__ = ["NumpyForward"]
@@ -25,21 +26,20 @@ class NumpyForward:
         self.program = program
         self.dtype = program.dtype
         self.rng = rng
-        # All noise factors are drawn by one generator call into one buffer, then
-        # scattered into the layers' epsilon views (f(eps_in), then f(eps_out)).
-        self._epsilons = [layer.epsilon for layer in program.noisy_linears]
-        # The outer products by torch.outer through views of the same memory: the same
-        # products as numpy's multiply.outer, by a vectorised kernel (log: #noise-cost).
-        self._weight_epsilons = [
-            torch.from_numpy(layer.weight_epsilon) for layer in program.noisy_linears
+        # All noise factors are drawn by one generator call into one buffer (numpy: a
+        # figure in docs/performance.md, #noise-draw), then stored into each layer's buffers
+        # as every other path stores them (store_factors, through views of the same memory).
+        self._buffers = [
+            (torch.from_numpy(layer.epsilon), torch.from_numpy(layer.weight_epsilon))
+            for layer in program.noisy_linears
         ]
-        sizes = [len(epsilon) for epsilon in self._epsilons]
+        sizes = [len(layer.epsilon) for layer in program.noisy_linears]
         self._draw = np.empty(sum(sizes), dtype=self.dtype)
         self._draw_torch = torch.from_numpy(self._draw)
         self._scratch = np.empty(sum(sizes), dtype=self.dtype)
         ends = np.cumsum([0, *sizes]).tolist()
         self._segments = [
-            (start, start + layer.layer.in_features, end)
+            (self._draw_torch[start:end], layer.layer.in_features)
             for start, end, layer in zip(ends[:-1], ends[1:], program.noisy_linears, strict=True)
         ]
 
@@ -51,17 +51,16 @@ class NumpyForward:
 
     def resample(self) -> None:
         """Fresh factorised noise, f(x) = sgn(x) sqrt(|x|), written into the layers' buffers."""
-        if not self._epsilons:
+        if not self._buffers:
             return
         draw, scratch = self._draw, self._scratch
         self.rng.standard_normal(out=draw, dtype=self.dtype)
-        np.sqrt(np.abs(draw, out=scratch), out=scratch)
+        np.sqrt(np.abs(draw, out=scratch), out=scratch)  # f(x) = sgn(x) sqrt(|x|)
         np.copysign(scratch, draw, out=draw)
-        for epsilon, weight_epsilon, (a, b, c) in zip(
-            self._epsilons, self._weight_epsilons, self._segments, strict=True
+        for (epsilon, weight_epsilon), (factors, in_features) in zip(
+            self._buffers, self._segments, strict=True
         ):
-            epsilon[...] = draw[a:c]
-            torch.outer(self._draw_torch[b:c], self._draw_torch[a:b], out=weight_epsilon)
+            store_factors(factors, epsilon, weight_epsilon, in_features)
 
     def q_values(self, obs: np.ndarray, noise: bool) -> np.ndarray:
         """The module's output for ``obs``: noisy weights where ``noise``, else the means."""

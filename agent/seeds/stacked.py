@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.networks import QNetwork
-from agent.noisy import NoisyLinear, noisy_parameter
+from agent.noisy import NoisyLinear, noisy_parameter, signed_sqrt_, store_factors
 
 __all__ = [
     "NoiseDraw",
@@ -219,7 +219,8 @@ class NoiseDraw:
 
     For each seed, one ``normal_`` call on that seed's generator draws every layer's
     factors in order (so a seed's noise depends on its own generator only); then
-    f(x) = sgn(x) sqrt(|x|) and the outer products run once for all seeds.
+    the factors and their outer products are made once for all seeds, as
+    :func:`~agent.noisy.draw_noise` makes one layer's.
     ``seeds`` (indices) limits a draw to some seeds; the others keep their noise.
     """
 
@@ -245,21 +246,22 @@ class NoiseDraw:
         which = range(len(generators)) if seeds is None else seeds
         for i in which:
             self.raw[i].normal_(generator=generators[i])
-        rows = slice(None) if seeds is None else torch.tensor(list(which), dtype=torch.long)
-        raw = self.raw[rows]  # (S', total)
-        factors = raw.sign() * raw.abs().sqrt()
+        if seeds is None:
+            raw = signed_sqrt_(self.raw)  # (S, total)
+        else:
+            rows = torch.tensor(list(which), dtype=torch.long)
+            raw = signed_sqrt_(self.raw[rows])  # (S', total), a copy
         start = 0
         for layer, size in zip(self.layers, self.sizes, strict=True):
-            eps = factors[:, start : start + size]  # (S', in + out), a view of a fresh tensor
+            factors = raw[:, start : start + size]  # (S', in + out)
             start += size
-            eps_in, eps_out = eps[:, : layer.in_features], eps[:, layer.in_features :]
-            if scale != 1.0:
-                eps_out.mul_(scale)  # the output factor, as NoisyLinear.reset_noise scales it
-            outer = torch.bmm(eps_out.unsqueeze(2), eps_in.unsqueeze(1))  # (S', out, in)
             if seeds is None:
-                layer.epsilon.copy_(eps)
-                layer.weight_epsilon.copy_(outer)
-            else:
-                layer.epsilon[rows] = eps
-                layer.weight_epsilon[rows] = outer
+                store_factors(
+                    factors, layer.epsilon, layer.weight_epsilon, layer.in_features, scale
+                )
+                continue
+            outer = factors.new_empty(len(rows), layer.out_features, layer.in_features)
+            store_factors(factors, factors, outer, layer.in_features, scale)
+            layer.epsilon[rows] = factors
+            layer.weight_epsilon[rows] = outer
 
