@@ -227,8 +227,13 @@ atari_seeds)
     # CUDA-graph path): each variant's env steps/s between steps 2,000 and 10,000, so the
     # start-up and the final evaluation (one episode a seed here) stay out of the figure;
     # rows print as they land, so a command cut short still reports the ones it finished.
+    # First the update alone, S seeds stacked with a convolution call per seed and with one
+    # grouped call (what a group on cuda runs) against one seed's CUDA graph.
     # A dry run on a CPU: DEVICE=cpu SEEDS=2 STEPS=2500 WINDOW="1700 2400".
-    step atari_seeds "${LIMIT:-560}" $PY -m bench.seed_group speed --env KrullNoFrameskip-v4 \
+    step der_updates 90 $PY -m bench.seeds --net der --seeds ${SEEDS:-8 16 32} --quick \
+        --device "${DEVICE:-cuda}"
+    sed -n '/^|/p' "$LOGS/der_updates.log"
+    step atari_seeds "${LIMIT:-480}" $PY -m bench.seed_group speed --env KrullNoFrameskip-v4 \
         --config der --seeds ${SEEDS:-8 16 32} --steps "${STEPS:-10000}" \
         --window ${WINDOW:-2000 10000} --device "${DEVICE:-cuda}" --set final_episodes=1 \
         --set eval_envs=1 --set log_interval=100

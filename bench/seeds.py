@@ -2,6 +2,7 @@
 
     python -m bench.seeds                 # S = 1, 4, 16, 64 (about two minutes on CPU)
     python -m bench.seeds --seeds 16 --quick
+    python -m bench.seeds --net der --seeds 8 32 --device cuda   # image seeds, on a GPU
 
 The CartPole network (4-128-128-2, noise in the last layer, batch 32), one torch
 thread. For each S it times, as medians of single calls (repeats interleaved, so drift
@@ -16,7 +17,9 @@ hits every variant):
 
 and prints each per seed, with the speed-up of stacking per seed. ``--device cuda``
 times the stacked variants on the GPU (synchronised per call), against the same
-single-seed CPU figures.
+single-seed CPU figures. ``--net der`` times the ``der`` preset's update instead: one
+seed as a run makes it on the device, and S seeds stacked with a convolution call per
+seed and with one grouped call (``stack_networks(grouped_conv=...)``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ import numpy as np
 import torch
 
 from agent.acting import ActionSelector
-from agent.learner import Learner
+from agent.config_files import load_config
+from agent.learner import CapturedUpdate, Learner
 from agent.networks import QNetwork
 from agent.replay import Batch
 from agent.seeds import SeedLearner, stack_networks
+from agent.setup import build_q_network, learner_settings, update_capture
 from bench.acting import machine, time_calls
 
 HIDDEN, BATCH, LR = (128, 128), 32, 1e-4
@@ -87,32 +92,85 @@ def variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
     }
 
 
+def der_variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
+    """The ``der`` preset's network (Krull's 18 actions): one seed's update as a run makes it
+    on ``device`` (the numpy engine on a CPU, a CUDA graph on a GPU), and S seeds' stacked
+    update with a convolution call per seed and with one grouped call."""
+    cfg = load_config("KrullNoFrameskip-v4", "der")
+    settings = learner_settings(cfg, noise=True)
+
+    def network(seed: int) -> QNetwork:
+        torch.manual_seed(seed)
+        return build_q_network(cfg, (4, 84, 84), 18, device, "uint8")
+
+    g = torch.Generator().manual_seed(0)
+
+    def batch(shape: tuple[int, ...]) -> Batch:
+        def frames() -> torch.Tensor:
+            return torch.randint(0, 256, (*shape, 4, 84, 84), generator=g, dtype=torch.uint8)
+
+        return Batch(frames(), torch.randint(0, 18, shape, generator=g),
+                     torch.randn(shape, generator=g), frames(), torch.zeros(shape),
+                     torch.full(shape, cfg.gamma**cfg.n_step), None,
+                     torch.rand(shape, generator=g) + 0.5).to(device)  # fmt: skip
+
+    single = network(0)
+    learner = Learner(single, copy.deepcopy(single), **settings)
+    capture = update_capture(device, cfg.capture_graph)
+    update = learner.update if capture is None else CapturedUpdate(learner, capture)
+    label = "a CUDA graph" if capture is not None else learner.backend
+    one = batch((cfg.batch_size,))
+    out = {f"update, one seed ({label})": (lambda: update(one), 1)}
+    stacked_batch = batch((seeds, cfg.batch_size))
+    for grouped in (False, True):
+        nets = [network(i) for i in range(seeds)]
+        stacked = stack_networks(nets, grouped_conv=grouped)
+        target = stack_networks(nets, grouped_conv=grouped).requires_grad_(False)
+        generators = [torch.Generator(device=device).manual_seed(i) for i in range(seeds)]
+        stacked_learner = SeedLearner(stacked, target, generators, **settings)
+        label = "grouped conv" if grouped else "a conv call per seed"
+        out[f"update, {seeds} stacked, {label}"] = (
+            lambda sl=stacked_learner: sl.update(stacked_batch), seeds)  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--net", default="cartpole", choices=["cartpole", "der"],
+                        help="der: the der preset's updates, a conv call per seed or grouped")
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
     calls, repeats = (100, 3) if args.quick else (400, 5)
-    print(f"4-128-128-2 MLP, noisy last layer, batch {BATCH}; stacked on {device}; {machine()}")
+    if args.net == "der":
+        calls //= 10
+        print(f"der preset (Krull), batch 32 a seed, on {device}; {machine()}")
+    else:
+        print(f"4-128-128-2 MLP, noisy last layer, batch {BATCH}; stacked on {device}; "
+              f"{machine()}")  # fmt: skip
     print("\n| seeds | variant | µs per call | µs per seed | stacked speed-up per seed |")
     print("|---|---|---|---|---|")
     for seeds in args.seeds:
-        runs = variants(seeds, device)
+        runs = der_variants(seeds, device) if args.net == "der" else variants(seeds, device)
         sync = device.type == "cuda"
         times: dict[str, list[float]] = {name: [] for name in runs}
         for fn, _ in runs.values():
-            time_calls(fn, 20, sync)  # warm-up (and the numpy programs' first compile)
+            time_calls(fn, 20 if args.net == "cartpole" else 3, sync)  # warm-up, compiles
         for _ in range(repeats):
             for name, (fn, _) in runs.items():
-                times[name].append(time_calls(fn, calls, sync and "stacked" in name))
+                on_device = args.net == "der" or "stacked" in name  # else a CPU call
+                times[name].append(time_calls(fn, calls, sync and on_device))
         per_seed = {name: statistics.median(times[name]) / n for name, (_, n) in runs.items()}
         names = list(runs)
         for name in names:
             call = statistics.median(times[name])
-            single = per_seed[names[0] if name.startswith("update") else names[2]]
+            if args.net == "der":
+                single = per_seed[names[0]]
+            else:
+                single = per_seed[names[0] if name.startswith("update") else names[2]]
             ratio = f"{single / per_seed[name]:.2f}x" if "stacked" in name else ""
             print(f"| {seeds} | {name} | {call:.0f} | {per_seed[name]:.1f} | {ratio} |")
 

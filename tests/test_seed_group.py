@@ -365,6 +365,18 @@ def test_image_seeds_stack_and_each_is_its_own_run(tmp_path: Path) -> None:
     assert any(k.startswith("torso.convs.0.") for k in last["q_network"])
 
 
+@pytest.mark.gpu
+def test_an_image_group_trains_on_cuda(tmp_path: Path) -> None:
+    """On a GPU the stacked convolutions are one grouped call for the seeds: a group trains
+    there to its last step, each seed's parameters finite."""
+    results = _image_group(tmp_path, [1, 2], device="cuda")
+    assert [r.status for r in results] == ["finished", "finished"]
+    for seed in (1, 2):
+        last = load_checkpoint(tmp_path / f"seed_{seed}" / "checkpoints" / "last.pt")
+        assert last["counters"]["global_step"] == FRAMES_RUN["total_steps"]
+        assert all(torch.isfinite(t).all() for t in last["q_network"].values())
+
+
 def test_an_image_group_resumes_exactly(tmp_path: Path) -> None:
     """2N steps straight == N, then a resume of the whole group to 2N (the buffers kept).
     Uniform replay: prioritized replay anneals its beta over total_steps, which differ."""

@@ -164,8 +164,12 @@ class SeedStack:
         self.seeds, self.cfg = list(seeds), cfg
         agents = [s.run.agent for s in seeds]
         noisy = agents[0].exploration.noisy  # epsilon-greedy acts on the mean weights
-        self.q_network = stack_networks([a.q_network for a in agents], noise=noisy)
-        self.target_network = stack_networks([a.target_network for a in agents])
+        # A GPU pays a launch per convolution call: one grouped call for all seeds there.
+        grouped = next(agents[0].q_network.parameters()).device.type == "cuda"
+        self.q_network = stack_networks([a.q_network for a in agents], noise=noisy,
+                                        grouped_conv=grouped)  # fmt: skip
+        self.target_network = stack_networks([a.target_network for a in agents],
+                                             grouped_conv=grouped)  # fmt: skip
         self.target_network.requires_grad_(False)
         self.learner = SeedLearner(
             self.q_network, self.target_network, [s.update_generator for s in seeds],

@@ -108,21 +108,21 @@ class StackedConv2d(nn.Module):
     """S ``nn.Conv2d`` layers, one per seed: ``(S, B, C, H, W) -> (S, B, O, H', W')``;
     ``weight`` ``(S, O, C, kh, kw)``, ``bias`` ``(S, O)`` (or None, as the layers').
 
-    One convolution call per seed, not one grouped convolution (``groups=S``, which
-    ``torch.func.vmap`` of a convolution also becomes): on CPU, oneDNN's grouped weight
-    gradient sums in another order than the seed's own convolution (relative 1e-6 to
-    5e-6 in fp32 for the first layers of the DER and Nature torsos), while a call per seed
-    is the call the seed's single network makes, so the same kernels (bitwise in
-    tests/test_seeds_images.py). The price is S-1 more calls' fixed cost per layer; against
-    one grouped call it is not measured yet.
+    ``grouped`` False: one convolution call per seed, the call the seed's single network
+    makes, so the same kernels (bitwise in tests/test_seeds_images.py). On a CPU a grouped
+    call's weight gradient sums in another order (relative 1e-6 to 5e-6 in fp32 for the
+    first layers of the DER and Nature torsos). ``grouped`` True: one call for all seeds,
+    the seeds as groups (``groups=S``, what ``torch.func.vmap`` of a convolution becomes):
+    on a GPU, one kernel launch per layer in place of S.
     """
 
-    def __init__(self, layers: list[nn.Conv2d]) -> None:
+    def __init__(self, layers: list[nn.Conv2d], grouped: bool = False) -> None:
         super().__init__()
         first = layers[0]
         if first.padding_mode != "zeros" or isinstance(first.padding, str):
             raise ValueError("StackedConv2d stacks convolutions with numeric zero padding only")
         self.seeds = len(layers)
+        self.grouped = grouped
         self.in_channels, self.out_channels = first.in_channels, first.out_channels
         self.stride, self.padding = first.stride, first.padding
         self.dilation, self.groups = first.dilation, first.groups
@@ -133,12 +133,25 @@ class StackedConv2d(nn.Module):
             self.bias = nn.Parameter(torch.stack([lay.bias.detach() for lay in layers]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.grouped:
+            return self._grouped(x)
         biases = [None] * self.seeds if self.bias is None else self.bias.unbind(0)
         outs = [
             F.conv2d(xi, wi, bi, self.stride, self.padding, self.dilation, self.groups)
             for xi, wi, bi in zip(x.unbind(0), self.weight.unbind(0), biases, strict=True)
         ]
         return torch.stack(outs)
+
+    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
+        # Seed s's channels are groups s*g .. s*g + g - 1 of one convolution (g: the layers'
+        # own groups), its filters the matching slice of the outputs.
+        seeds, batch = x.shape[0], x.shape[1]
+        x = x.transpose(0, 1).reshape(batch, seeds * self.in_channels, *x.shape[3:])
+        weight = self.weight.reshape(seeds * self.out_channels, *self.weight.shape[2:])
+        bias = None if self.bias is None else self.bias.reshape(-1)
+        y = F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation,
+                     seeds * self.groups)  # fmt: skip
+        return y.reshape(batch, seeds, self.out_channels, *y.shape[2:]).transpose(0, 1)
 
 
 def _seed_flatten(flatten: nn.Flatten) -> nn.Flatten:
@@ -152,9 +165,13 @@ def stacked_noisy_layers(module: nn.Module) -> list[StackedNoisyLinear]:
     return [m for m in module.modules() if isinstance(m, StackedNoisyLinear)]
 
 
-def stack_networks(networks: list[nn.Module], *, noise: bool = True) -> nn.Module:
+def stack_networks(
+    networks: list[nn.Module], *, noise: bool = True, grouped_conv: bool = False
+) -> nn.Module:
     """One module computing ``networks[i]`` on input row block ``i``, for every ``i``;
-    ``noise``: its noisy layers forward with noise (False: with their mean weights).
+    ``noise``: its noisy layers forward with noise (False: with their mean weights);
+    ``grouped_conv``: each convolution one grouped call for all seeds (a GPU's choice,
+    :class:`StackedConv2d`), else a call per seed.
 
     The networks must share one architecture. Their linear and convolution layers are
     replaced by stacked ones holding copies of their parameters and noise, and flattens
@@ -178,7 +195,7 @@ def stack_networks(networks: list[nn.Module], *, noise: bool = True) -> nn.Modul
         elif type(module) is nn.Linear:
             replacement = StackedLinear([m[name] for m in modules])
         elif type(module) is nn.Conv2d:
-            replacement = StackedConv2d([m[name] for m in modules])
+            replacement = StackedConv2d([m[name] for m in modules], grouped_conv)
         elif type(module) is nn.Flatten:
             replacement = _seed_flatten(module)
         elif any(p is not None for p in module.parameters(recurse=False)) or isinstance(
