@@ -101,7 +101,8 @@ class Learner:
     ``announce`` says so in one line and the same update runs eagerly.
     :attr:`backend` says which runs. ``autocast`` (``torch.bfloat16``, say) runs the
     torch and compiled updates' loss under autocast to that dtype (parameters, gradients
-    and Adam stay in theirs); None (default) does not.
+    and Adam stay in theirs): with ``"auto"`` it takes ``"compile"`` on a CPU and
+    ``"torch"`` elsewhere, and ``"numpy"`` is refused; None (default) does not.
     The networks' parameters must stay where they are (``load_state_dict`` copies
     in place; moving a network needs a new learner, as the optimizer does).
 
@@ -139,6 +140,12 @@ class Learner:
     ) -> None:
         if backend not in ("auto", "torch", "numpy", "compile"):
             raise ValueError(f"backend must be auto, torch, numpy or compile, got {backend!r}")
+        params = list(q_network.parameters())
+        if autocast is not None and backend == "numpy":
+            raise ValueError("autocast applies to the torch and compile learner backends")
+        if autocast is not None and backend == "auto":
+            # The numpy engine has no autocast: autograd, compiled where it runs (a CPU).
+            backend = "compile" if params[0].device.type == "cpu" else "torch"
         if update_noise < 0:
             raise ValueError(f"update_noise must be >= 0, got {update_noise}")
         self.q_network = q_network
@@ -161,7 +168,6 @@ class Learner:
         self._mean_for_update = (
             [] if draws else [*noisy_layers(q_network), *noisy_layers(target_network)]
         )
-        params = list(q_network.parameters())
         # One fused kernel per step and one flat gradient buffer (agent/optim.py).
         self.optimizer = Adam(params, lr=lr, eps=adam_eps)
         self._online = params
@@ -194,8 +200,6 @@ class Learner:
                                                                  stacklevel=4))  # fmt: skip
         self._compiling = False
         self.autocast = autocast
-        if autocast is not None and self._numpy is not None:
-            raise ValueError("autocast applies to the torch and compile learner backends")
         if backend == "compile":
             if params[0].device.type != "cpu":
                 raise ValueError("the compile learner backend runs on a CPU (on CUDA the "

@@ -59,6 +59,7 @@ __all__ = [
     "describe_machine",
     "describe_software",
     "hold_run_dir",
+    "learner_autocast",
     "learner_settings",
     "limit_cpu_threads",
     "prepare_run",
@@ -278,6 +279,7 @@ def build_agent(
             **learner_settings(cfg, exploration.noisy),
             backend=cfg.learner_backend,
             announce=None if echo is None else above_bars(echo),
+            autocast=learner_autocast(cfg),
         )
     except ValueError as e:  # learner_backend numpy or compile where it does not apply
         raise UserError(f"invalid config: {e}: --set learner_backend=auto") from None
@@ -314,6 +316,11 @@ def learner_settings(cfg: Config, noise: bool) -> dict[str, Any]:
     keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau",
             "update_noise")
     return {k: getattr(cfg, k) for k in keys} | {"noise": noise}
+
+
+def learner_autocast(cfg: Config) -> torch.dtype | None:
+    """The dtype the update's loss runs under autocast to (``learner_autocast``), or None."""
+    return None if cfg.learner_autocast == "none" else getattr(torch, cfg.learner_autocast)
 
 
 def update_capture(device: torch.device, capture_graph: bool) -> CaptureFn | None:

@@ -152,6 +152,8 @@ def test_ints_are_accepted_for_floats_and_null_for_optionals(config_dir: Path) -
         ({"noise_interval": 0}, "noise_interval must be >= 1 or episode"),
         ({"update_noise": -0.5}, "update_noise must be >= 0"),
         ({"noisy_epsilon": 1.5}, r"noisy_epsilon must be in \[0, 1\]"),
+        ({"learner_backend": "numpy", "learner_autocast": "bfloat16"},
+         "needs an autograd learner backend"),
     ],
 )
 def test_invalid_values_are_rejected(config_dir: Path, overrides: dict, message: str) -> None:

@@ -641,6 +641,13 @@ def test_an_autocast_update_computes_its_loss_in_bfloat16_and_steps_in_float32()
     with pytest.raises(ValueError, match="autocast applies to the torch and compile"):
         Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-3, backend="numpy",
                 autocast=torch.bfloat16)  # fmt: skip
+    # auto has no numpy engine to take under autocast: the compiled update on a CPU, and
+    # autograd on any other device.
+    auto = Learner(copy.deepcopy(net), copy.deepcopy(net), lr=1e-3, autocast=torch.bfloat16)
+    assert auto.backend == "compile"
+    meta = QNetwork((4,), 2, (8,), device="meta")
+    elsewhere = Learner(meta, copy.deepcopy(meta), lr=1e-3, autocast=torch.bfloat16)
+    assert elsewhere.backend == "torch"
 
 
 class _QPenaltyLearner(Learner):

@@ -210,6 +210,22 @@ def test_grouped_convolutions_compute_what_a_call_per_seed_does(name: str, devic
         assert max(worst.values()) < tol, (dtype, worst)
 
 
+def test_a_stacked_update_under_autocast_computes_its_loss_in_bfloat16() -> None:
+    """SeedLearner(autocast=bfloat16), as a group with learner_autocast runs it: the errors
+    move a little from float32's, the parameters and Adam stay float32."""
+    errors, learners = [], []
+    for autocast in (None, torch.bfloat16):
+        stacked = stack_networks(_image_nets("minatar", "all"))
+        learner = SeedLearner(stacked, copy.deepcopy(stacked), _generators(), lr=1e-3,
+                              autocast=autocast)  # fmt: skip
+        errors.append(learner.update(Batch.stack(_image_batches("minatar", 8, 0, torch.float32))))
+        learners.append(learner)
+    assert not torch.equal(errors[0], errors[1])
+    torch.testing.assert_close(errors[1], errors[0], rtol=0.05, atol=0.05)
+    assert all(p.dtype == torch.float32 for p in learners[1].q_network.parameters())
+    assert learners[1].optimizer.flat_grad.dtype == torch.float32
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """The largest difference relative to the largest magnitude of ``b``."""
     scale = b.abs().max().item()

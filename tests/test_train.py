@@ -1024,6 +1024,26 @@ def test_the_learner_backend_is_a_config_key_and_the_one_that_ran_is_recorded(
     assert [h["learner_backend"].string_value for h in hparams if "learner_backend" in h] == [ran]
 
 
+def test_learner_autocast_trains_with_a_bfloat16_loss_and_float32_parameters(
+    tmp_path: Path,
+) -> None:
+    """learner_autocast=bfloat16 (on the torch backend here: auto would compile): the run
+    trains, its updates differ from float32's, and what it saves stays float32."""
+    runs = {}
+    for autocast in ("none", "bfloat16"):
+        overrides = {**SHORT, "total_steps": 600, "learner_backend": "torch",
+                     "learner_autocast": autocast}  # fmt: skip
+        cfg = load_config("CartPole-v1", overrides=overrides)
+        runs[autocast] = train(cfg, tmp_path / autocast, progress=False, echo=lambda _: None)
+        assert runs[autocast].status == "finished" and runs[autocast].learner_backend == "torch"
+    saved = {a: load_checkpoint(tmp_path / a / "checkpoints" / "last.pt") for a in runs}
+    weights = {a: saved[a]["q_network"] for a in saved}
+    assert all(t.dtype == torch.float32 for t in weights["bfloat16"].values())
+    assert any(not torch.equal(weights["none"][k], weights["bfloat16"][k]) for k in weights["none"])
+    config = yaml.safe_load((tmp_path / "bfloat16" / "config.yaml").read_text())
+    assert config["learner_autocast"] == "bfloat16"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_numpy_learner_backend_on_cuda_is_a_one_line_error(

@@ -46,6 +46,7 @@ from agent.replay.base import Batch
 from agent.noisy import noise_switched
 from agent.seeds.learner import SeedLearner, diverged
 from agent.seeds.stacked import NoiseDraw, seed_state_dict, stack_networks, stacked_noisy_layers
+from agent.setup import learner_autocast
 from agent.signals import StopSignals
 from agent.values import greedy_actions, support_of
 from agent.train import (
@@ -173,7 +174,7 @@ class SeedStack:
         self.target_network.requires_grad_(False)
         self.learner = SeedLearner(
             self.q_network, self.target_network, [s.update_generator for s in seeds],
-            **learner_settings(cfg, noisy),
+            **learner_settings(cfg, noisy), autocast=learner_autocast(cfg),
         )  # fmt: skip
         self.learner.load_seed_states([a.learner.state_dict() for a in agents])
         if carry is not None:  # the loss sums since the last log, of the seeds kept

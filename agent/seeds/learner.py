@@ -27,7 +27,8 @@ class SeedLearner:
     own. Update noise: for each seed, drawn from ``generators[i]`` (the online network's,
     then the target's), into buffers of the learner's own (the online network's buffers
     keep the acting noise). ``noise=False`` or ``update_noise=0``: both networks learn
-    on their mean weights. The other settings are :class:`~agent.learner.Learner`'s.
+    on their mean weights. The other settings (``autocast`` included) are
+    :class:`~agent.learner.Learner`'s.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class SeedLearner:
         tau: float = 1.0,
         noise: bool = True,
         update_noise: float = 1.0,
+        autocast: torch.dtype | None = None,
     ) -> None:
         if update_noise < 0:
             raise ValueError(f"update_noise must be >= 0, got {update_noise}")
@@ -61,6 +63,7 @@ class SeedLearner:
         self.max_grad_norm = max_grad_norm
         self.tau = tau
         self.update_noise = update_noise
+        self.autocast = autocast
         # Both networks' parameters, with noise buffers and switches of the learner's own:
         # the networks it was given are never changed but by the optimizer and the sync.
         self.draws = noise and update_noise > 0
@@ -84,19 +87,11 @@ class SeedLearner:
         if self.draws:
             self._noise(self.generators, scale=self.update_noise)
 
-        # The online network's next-state values in a forward of their own, without
-        # autograd: with the states in one forward (as Learner does) the backward would
-        # run its batched matmuls over both halves, twice the arithmetic for a zero half.
-        out = self.online_for_update(batch.obs)  # (S, B, A) or (S, B, A, N)
-        with torch.no_grad():
-            out_next_target = self.target_for_update(batch.next_obs)
-            if self.double_dqn:
-                chooser = self.online_for_update(batch.next_obs)
-            else:
-                chooser = out_next_target
-        losses, errors, q_taken = td_loss(
-            self.objective, out, chooser, out_next_target, batch, by_row=True
-        )  # (S,), (S, B), (S, B)
+        if self.autocast is None:
+            losses, errors, q_taken = self.loss(batch)
+        else:
+            with torch.autocast(batch.obs.device.type, dtype=self.autocast):
+                losses, errors, q_taken = self.loss(batch)
 
         self.optimizer.zero_grad()
         losses.sum().backward()  # seed i's parameters get seed i's gradient only
@@ -109,6 +104,22 @@ class SeedLearner:
         self._count += 1
         self.updates += 1
         return errors
+
+    def loss(self, batch: BatchLike) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each seed's loss ``(S,)``, per-sample errors ``(S, B)`` and Q values of the taken
+        actions ``(S, B)`` under the drawn update noise: :meth:`Learner.loss
+        <agent.learner.Learner.loss>`'s, per seed."""
+        # The online network's next-state values in a forward of their own, without
+        # autograd: with the states in one forward (as Learner does) the backward would
+        # run its batched matmuls over both halves, twice the arithmetic for a zero half.
+        out = self.online_for_update(batch.obs)  # (S, B, A) or (S, B, A, N)
+        with torch.no_grad():
+            out_next_target = self.target_for_update(batch.next_obs)
+            if self.double_dqn:
+                chooser = self.online_for_update(batch.next_obs)
+            else:
+                chooser = out_next_target
+        return td_loss(self.objective, out, chooser, out_next_target, batch, by_row=True)
 
     def sync_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average of every seed's online parameters."""
