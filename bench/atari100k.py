@@ -169,6 +169,13 @@ SCREENING: dict[str, dict[str, Any]] = {
     "der-target1": {"target_update_interval": 1},
 }
 ARMS.update(SCREENING)
+# Arms that start from another preset than der (the settings above are over it): DrQ(epsilon)'s
+# agent as Dopamine's DrQ_eps.gin sets it, in float32 and with its loss in bfloat16 (the
+# one-learner issue's check of bfloat16 on learning), and its noisy twin. Tuning seeds only.
+PRESET_OF = {"drq-epsilon": "drq-epsilon", "drq-epsilon-bf16": "drq-epsilon",
+             "drq-noisy": "drq-noisy"}  # fmt: skip
+ARMS.update({"drq-epsilon": {}, "drq-epsilon-bf16": {"learner_autocast": "bfloat16"},
+             "drq-noisy": {}})  # fmt: skip
 CURVE_BIN = 5_000  # training returns are averaged over bins of this many steps
 
 
@@ -257,7 +264,8 @@ def _ours(game: str, steps: int, work: Path, arm: str = "der") -> float:
     run_dir = work / f"{arm}_{steps}"
     env_id = "".join(w.capitalize() for w in game.split("_")) + "NoFrameskip-v4"
     settings = [a for k, v in ARMS[arm].items() for a in ("--set", f"{k}={v}")]
-    args = [sys.executable, "run.py", "--env", env_id, "--config", "der", "--total-steps",
+    args = [sys.executable, "run.py", "--env", env_id, "--config", PRESET_OF.get(arm, "der"),
+            "--total-steps",
             str(steps), "--set", "final_episodes=1", "--set", "eval_envs=1", "--set",
             "eval_epsilon=1.0", *settings, "--run-dir", str(run_dir),
             "--no-progress"]  # fmt: skip
@@ -535,16 +543,28 @@ def machine_mix(runs: Sequence[dict[str, Any]], arms: Sequence[str]) -> list[str
     return lines
 
 
+def arm_trials(
+    arms: Sequence[str], games: Sequence[Game], seeds: Sequence[int], overrides: dict[str, Any]
+) -> list[Any]:
+    """The sweep's trials: game by game, each arm's seeds in turn (the sweep runs a grid
+    point's seeds together), so a game's comparison is complete after its arms' runs. An
+    arm is its settings over its preset (``PRESET_OF``, else ``der``)."""
+    from agent.sweep.trials import trials_of_points
+
+    return [
+        trial
+        for g in games
+        for a in arms
+        for trial in trials_of_points(None, PRESET_OF.get(a, "der"), overrides, list(seeds),
+                                      [{"env_id": g.env_id, **ARMS[a]}], [f"{g.name}/{a}"])
+    ]  # fmt: skip
+
+
 def report(args: argparse.Namespace) -> int:
     """Run what the report misses, as one sweep; collect what finished into the JSON."""
     from agent.config_files import parse_set
     from agent.sweep.cli import parse_seeds
-    from agent.sweep.trials import (
-        is_sweep_dir,
-        read_manifest,
-        trials_of_points,
-        write_manifest,
-    )
+    from agent.sweep.trials import is_sweep_dir, read_manifest, write_manifest
 
     sweep_dir, report_json = Path(args.sweep), Path(args.json)
     if is_sweep_dir(sweep_dir):
@@ -559,11 +579,7 @@ def report(args: argparse.Namespace) -> int:
         have = {_key(r) for r in read_report(report_json)["runs"]}
         seeds = parse_seeds(args.seeds)
         overrides = parse_set(args.set or [])  # a smoke test's short runs; the report has none
-        # Game by game, each arm's seeds in turn (the sweep runs a grid point's seeds
-        # together): a game's comparison is complete after its six runs.
-        points = [{"env_id": g.env_id, **ARMS[a]} for g in games for a in arms]
-        names = [f"{g.name}/{a}" for g in games for a in arms]
-        built = trials_of_points(None, "der", overrides, seeds, points, names)
+        built = arm_trials(arms, games, seeds, overrides)
         trials = [t for t in built if _trial_key(t) not in have]
         if not trials:
             print(f"{report_json} holds every run asked for")

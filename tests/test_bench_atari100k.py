@@ -378,6 +378,28 @@ def test_the_report_arms_are_the_shipped_presets_of_their_names(arm: str) -> Non
         assert "augment" in changed
 
 
+def test_the_drq_arms_are_their_presets_and_bf16_changes_one_key() -> None:
+    """The DrQ(epsilon) arms train the presets of their names, not der with settings; the
+    bfloat16 arm is drq-epsilon with learner_autocast and nothing else."""
+    from agent.config_files import load_config
+
+    game = atari100k.BY_NAME["Krull"]
+    trials = atari100k.arm_trials(["drq-epsilon", "drq-epsilon-bf16", "drq-noisy", "der"],
+                                  [game], [1, 2], {})  # fmt: skip
+    configs = {(t.label, t.seed): {k: v for k, v in t.config.items() if k != "seed"}
+               for t in trials}  # fmt: skip
+    assert [t.label for t in trials][::2] == [
+        "Krull/drq-epsilon", "Krull/drq-epsilon-bf16", "Krull/drq-noisy", "Krull/der"]
+    for arm, preset in (("drq-epsilon", "drq-epsilon"), ("drq-noisy", "drq-noisy"),
+                        ("der", "der")):  # fmt: skip
+        expected = load_config(game.env_id, preset).to_dict()
+        del expected["seed"]
+        assert configs[(f"Krull/{arm}", 1)] == expected
+    fp32, bf16 = configs[("Krull/drq-epsilon", 2)], configs[("Krull/drq-epsilon-bf16", 2)]
+    assert {k for k in fp32 if fp32[k] != bf16[k]} == {"learner_autocast"}
+    assert bf16["learner_autocast"] == "bfloat16"
+
+
 def test_der_floor_is_the_screened_arm() -> None:
     """The report runs exactly what the tuning seeds screened: der-noisy-epsilon."""
     assert atari100k.ARMS["der-floor"] == atari100k.ARMS["der-noisy-epsilon"] == {
