@@ -220,7 +220,8 @@ class Learner:
         per-sample errors ``(B,)``, the Q values of the taken actions ``(B,)``). Written
         once: eager, compiled and captured updates all run it."""
         if self.autocast is not None:
-            with torch.autocast(batch.obs.device.type, dtype=self.autocast):
+            # No cache of cast weights: a CUDA graph's capture must not keep them past it.
+            with torch.autocast(batch.obs.device.type, dtype=self.autocast, cache_enabled=False):
                 return self._loss_of(batch)
         return self._loss_of(batch)
 

@@ -1097,6 +1097,24 @@ def test_on_cuda_the_captured_update_trains_as_eager_updates_do(tmp_path: Path) 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_bfloat16_loss_is_captured_as_it_runs_eagerly(tmp_path: Path) -> None:
+    """learner_autocast=bfloat16 on CUDA: the torch backend, its update captured as a CUDA
+    graph, trains as the eager bfloat16 update does; what it saves stays float32."""
+    results = {}
+    for capture in (False, True):
+        cfg = load_config("CartPole-v1", overrides={
+            **SHORT, "device": "cuda", "total_steps": 1_500, "capture_graph": capture,
+            "learner_autocast": "bfloat16"})  # fmt: skip
+        result = train(cfg, tmp_path / str(capture), progress=False, echo=lambda _: None)
+        assert result.learner_backend == "torch"
+        results[capture] = load_checkpoint(tmp_path / str(capture) / "checkpoints" / "last.pt")
+    for key, value in results[False]["q_network"].items():
+        assert value.dtype == torch.float32
+        torch.testing.assert_close(results[True]["q_network"][key], value, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("storage", ["device", "pinned", "auto"])
 def test_on_cuda_replay_lives_where_replay_storage_says(tmp_path: Path, storage: str) -> None:
     cfg = load_config("CartPole-v1", overrides={

@@ -90,7 +90,8 @@ class SeedLearner:
         if self.autocast is None:
             losses, errors, q_taken = self.loss(batch)
         else:
-            with torch.autocast(batch.obs.device.type, dtype=self.autocast):
+            # No cache of cast weights: a CUDA graph's capture must not keep them past it.
+            with torch.autocast(batch.obs.device.type, dtype=self.autocast, cache_enabled=False):
                 losses, errors, q_taken = self.loss(batch)
 
         self.optimizer.zero_grad()
