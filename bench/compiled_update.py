@@ -35,6 +35,8 @@ from agent.replay import Batch
 from agent.setup import build_q_network, learner_settings, limit_cpu_threads
 from bench.acting import machine
 
+__all__ = ["NETS", "build", "main", "measure", "median_ms"]
+
 # name: (env id, --config, observation shape, actions)
 NETS: dict[str, tuple[str, str | None, tuple[int, ...], int]] = {
     "der": ("KrullNoFrameskip-v4", "der", (4, 84, 84), 18),
