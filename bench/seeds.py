@@ -25,6 +25,7 @@ seed and with one grouped call (``stack_networks(grouped_conv=...)``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 
@@ -37,7 +38,7 @@ from agent.learner import CapturedUpdate, Learner
 from agent.networks import QNetwork
 from agent.replay import Batch
 from agent.seeds import SeedLearner, stack_networks
-from agent.setup import build_q_network, learner_settings, update_capture
+from agent.setup import build_q_network, learner_settings, limit_cpu_threads, update_capture
 from bench.acting import machine, time_calls
 
 HIDDEN, BATCH, LR = (128, 128), 32, 1e-4
@@ -95,7 +96,8 @@ def variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
 def der_variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
     """The ``der`` preset's network (Krull's 18 actions): one seed's update as a run makes it
     on ``device`` (the numpy engine on a CPU, a CUDA graph on a GPU), and S seeds' stacked
-    update with a convolution call per seed and with one grouped call."""
+    update with a convolution call per seed and with one grouped call; on a GPU, the lone
+    and the grouped update also with their loss in bfloat16."""
     cfg = load_config("KrullNoFrameskip-v4", "der")
     settings = learner_settings(cfg, noise=True)
 
@@ -114,23 +116,54 @@ def der_variants(seeds: int, device: torch.device) -> dict[str, tuple[object, in
                      torch.full(shape, cfg.gamma**cfg.n_step), None,
                      torch.rand(shape, generator=g) + 0.5).to(device)  # fmt: skip
 
-    single = network(0)
-    learner = Learner(single, copy.deepcopy(single), **settings)
-    capture = update_capture(device, cfg.capture_graph)
-    update = learner.update if capture is None else CapturedUpdate(learner, capture)
-    label = "a CUDA graph" if capture is not None else learner.backend
+    # On a GPU, each also with its loss in bfloat16 (learner_autocast): on a CPU that
+    # would be the compiled update, timed by bench.compiled_update.
+    precisions = [None, torch.bfloat16] if device.type == "cuda" else [None]
     one = batch((cfg.batch_size,))
-    out = {f"update, one seed ({label})": (lambda: update(one), 1)}
+    out: dict[str, tuple[object, int]] = {}
+    for autocast in precisions:
+        single = network(0)
+        learner = Learner(single, copy.deepcopy(single), **settings, autocast=autocast)
+        capture = update_capture(device, cfg.capture_graph)
+        update = learner.update if capture is None else CapturedUpdate(learner, capture)
+        label = ("a CUDA graph" if capture is not None else learner.backend) + (
+            ", bf16" if autocast else "")
+        out[f"update, one seed ({label})"] = (lambda u=update: u(one), 1)
     stacked_batch = batch((seeds, cfg.batch_size))
-    for grouped in (False, True):
+    for grouped, autocast in [(False, None), (True, None)] + [(True, a) for a in precisions[1:]]:
         nets = [network(i) for i in range(seeds)]
         stacked = stack_networks(nets, grouped_conv=grouped)
         target = stack_networks(nets, grouped_conv=grouped).requires_grad_(False)
         generators = [torch.Generator(device=device).manual_seed(i) for i in range(seeds)]
-        stacked_learner = SeedLearner(stacked, target, generators, **settings)
-        label = "grouped conv" if grouped else "a conv call per seed"
+        stacked_learner = SeedLearner(stacked, target, generators, **settings, autocast=autocast)
+        label = ("grouped conv" if grouped else "a conv call per seed") + (
+            ", bf16" if autocast else "")
         out[f"update, {seeds} stacked, {label}"] = (
             lambda sl=stacked_learner: sl.update(stacked_batch), seeds)  # fmt: skip
+    return out
+
+
+def rows(seeds: int, runs: dict[str, tuple[object, int]], calls: int, repeats: int,
+         device: torch.device, net: str) -> list[str]:
+    """The table's rows for S = ``seeds``: each variant timed, repeats interleaved."""
+    sync = device.type == "cuda"
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for fn, _ in runs.values():
+        time_calls(fn, 20 if net == "cartpole" else 3, sync)  # warm-up, compiles
+    for _ in range(repeats):
+        for name, (fn, _) in runs.items():
+            on_device = net == "der" or "stacked" in name  # else a CPU call
+            times[name].append(time_calls(fn, calls, sync and on_device))
+    per_seed = {name: statistics.median(times[name]) / n for name, (_, n) in runs.items()}
+    names, out = list(runs), []
+    for name in names:
+        call = statistics.median(times[name])
+        if net == "der":
+            single = per_seed[names[0]]
+        else:  # updates against the lone update, actions against the lone action
+            single = per_seed[names[0] if name.startswith("update") else names[2]]
+        ratio = f"{single / per_seed[name]:.2f}x" if "stacked" in name else ""
+        out.append(f"| {seeds} | {name} | {call:.0f} | {per_seed[name]:.1f} | {ratio} |")
     return out
 
 
@@ -142,7 +175,6 @@ def main() -> None:
     parser.add_argument("--net", default="cartpole", choices=["cartpole", "der"],
                         help="der: the der preset's updates, a conv call per seed or grouped")
     args = parser.parse_args()
-    torch.set_num_threads(1)
     device = torch.device(args.device)
     calls, repeats = (100, 3) if args.quick else (400, 5)
     if args.net == "der":
@@ -153,27 +185,11 @@ def main() -> None:
               f"{machine()}")  # fmt: skip
     print("\n| seeds | variant | µs per call | µs per seed | stacked speed-up per seed |")
     print("|---|---|---|---|---|")
-    for seeds in args.seeds:
-        runs = der_variants(seeds, device) if args.net == "der" else variants(seeds, device)
-        sync = device.type == "cuda"
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for fn, _ in runs.values():
-            time_calls(fn, 20 if args.net == "cartpole" else 3, sync)  # warm-up, compiles
-        for _ in range(repeats):
-            for name, (fn, _) in runs.items():
-                on_device = args.net == "der" or "stacked" in name  # else a CPU call
-                times[name].append(time_calls(fn, calls, sync and on_device))
-        per_seed = {name: statistics.median(times[name]) / n for name, (_, n) in runs.items()}
-        names = list(runs)
-        for name in names:
-            call = statistics.median(times[name])
-            if args.net == "der":
-                single = per_seed[names[0]]
-            else:
-                single = per_seed[names[0] if name.startswith("update") else names[2]]
-            ratio = f"{single / per_seed[name]:.2f}x" if "stacked" in name else ""
-            print(f"| {seeds} | {name} | {call:.0f} | {per_seed[name]:.1f} | {ratio} |")
-
+    with contextlib.ExitStack() as cleanup:
+        limit_cpu_threads(1, cleanup)  # one torch thread, as many for numpy's BLAS
+        for seeds in args.seeds:
+            runs = der_variants(seeds, device) if args.net == "der" else variants(seeds, device)
+            print("\n".join(rows(seeds, runs, calls, repeats, device, args.net)), flush=True)
 
 if __name__ == "__main__":
     main()

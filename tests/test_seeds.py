@@ -285,6 +285,19 @@ def test_the_benchmark_times_what_it_names() -> None:
             assert out.shape in ((seeds, 1), (1,))
 
 
+def test_the_image_benchmark_times_der_updates_both_ways() -> None:
+    """bench.seeds --net der: the lone der update and S stacked ones, a convolution call per
+    seed and grouped, each returning per-sample errors of a batch of 32 a seed."""
+    from bench.seeds import der_variants
+
+    runs = der_variants(2, torch.device("cpu"))
+    assert len(runs) == 3 and sum("grouped" in name for name in runs) == 1
+    for fn, seeds in runs.values():
+        out = fn()
+        assert out.shape == ((seeds, 32) if seeds > 1 else (32,))
+        assert torch.isfinite(out).all()
+
+
 def test_seed_states_load_back_into_a_stack_of_any_order() -> None:
     """seed_states() of a stack, loaded into a stack of the same seeds reversed, gives
     each seed its own optimizer state again, so its next update is the same."""
