@@ -177,16 +177,16 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     calls, repeats = (100, 3) if args.quick else (400, 5)
-    if args.net == "der":
-        calls //= 10
-        print(f"der preset (Krull), batch 32 a seed, on {device}; {machine()}")
-    else:
-        print(f"4-128-128-2 MLP, noisy last layer, batch {BATCH}; stacked on {device}; "
-              f"{machine()}")  # fmt: skip
-    print("\n| seeds | variant | µs per call | µs per seed | stacked speed-up per seed |")
-    print("|---|---|---|---|---|")
     with contextlib.ExitStack() as cleanup:
         limit_cpu_threads(1, cleanup)  # one torch thread, as many for numpy's BLAS
+        if args.net == "der":
+            calls //= 10
+            print(f"der preset (Krull), batch 32 a seed, on {device}; {machine()}")
+        else:
+            print(f"4-128-128-2 MLP, noisy last layer, batch {BATCH}; stacked on {device}; "
+                  f"{machine()}")  # fmt: skip
+        print("\n| seeds | variant | µs per call | µs per seed | stacked speed-up per seed |")
+        print("|---|---|---|---|---|")
         for seeds in args.seeds:
             runs = der_variants(seeds, device) if args.net == "der" else variants(seeds, device)
             print("\n".join(rows(seeds, runs, calls, repeats, device, args.net)), flush=True)
