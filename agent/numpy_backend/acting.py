@@ -29,19 +29,18 @@ class NumpyForward:
         # All noise factors are drawn by one generator call into one buffer (numpy: a
         # figure in docs/performance.md, #noise-draw), then stored into each layer's buffers
         # as every other path stores them (store_factors, through views of the same memory).
-        self._buffers = [
-            (torch.from_numpy(layer.epsilon), torch.from_numpy(layer.weight_epsilon))
-            for layer in program.noisy_linears
-        ]
-        sizes = [len(layer.epsilon) for layer in program.noisy_linears]
+        layers = program.noisy_linears
+        sizes = [len(layer.epsilon) for layer in layers]
         self._draw = np.empty(sum(sizes), dtype=self.dtype)
-        self._draw_torch = torch.from_numpy(self._draw)
         self._scratch = np.empty(sum(sizes), dtype=self.dtype)
+        draw = torch.from_numpy(self._draw)
         ends = np.cumsum([0, *sizes]).tolist()
-        self._segments = [
-            (self._draw_torch[start:end], layer.layer.in_features)
-            for start, end, layer in zip(ends[:-1], ends[1:], program.noisy_linears, strict=True)
-        ]
+        # each layer's (its factors in the draw, its epsilon, its weight_epsilon, in_features)
+        self._stores = [
+            (draw[start:end], torch.from_numpy(layer.epsilon),
+             torch.from_numpy(layer.weight_epsilon), layer.layer.in_features)
+            for start, end, layer in zip(ends[:-1], ends[1:], layers, strict=True)
+        ]  # fmt: skip
 
     @classmethod
     def build(cls, module: nn.Module, rng: np.random.Generator) -> NumpyForward:
@@ -51,15 +50,13 @@ class NumpyForward:
 
     def resample(self) -> None:
         """Fresh factorised noise, f(x) = sgn(x) sqrt(|x|), written into the layers' buffers."""
-        if not self._buffers:
+        if not self._stores:
             return
         draw, scratch = self._draw, self._scratch
         self.rng.standard_normal(out=draw, dtype=self.dtype)
         np.sqrt(np.abs(draw, out=scratch), out=scratch)  # f(x) = sgn(x) sqrt(|x|)
         np.copysign(scratch, draw, out=draw)
-        for (epsilon, weight_epsilon), (factors, in_features) in zip(
-            self._buffers, self._segments, strict=True
-        ):
+        for factors, epsilon, weight_epsilon, in_features in self._stores:
             store_factors(factors, epsilon, weight_epsilon, in_features)
 
     def q_values(self, obs: np.ndarray, noise: bool) -> np.ndarray:

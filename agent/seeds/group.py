@@ -165,8 +165,9 @@ class SeedStack:
         self.seeds, self.cfg = list(seeds), cfg
         agents = [s.run.agent for s in seeds]
         noisy = agents[0].exploration.noisy  # epsilon-greedy acts on the mean weights
+        self.device = next(agents[0].q_network.parameters()).device
         # A GPU pays a launch per convolution call: one grouped call for all seeds there.
-        grouped = next(agents[0].q_network.parameters()).device.type == "cuda"
+        grouped = self.device.type == "cuda"
         self.q_network = stack_networks([a.q_network for a in agents], noise=noisy,
                                         grouped_conv=grouped)  # fmt: skip
         self.target_network = stack_networks([a.target_network for a in agents],
@@ -182,7 +183,6 @@ class SeedStack:
         layers = stacked_noisy_layers(self.q_network)
         self._draw = NoiseDraw(layers) if noisy and layers else None
         self._layers = layers
-        self.device = next(self.q_network.parameters()).device
 
     @property
     def updates(self) -> int:
