@@ -42,7 +42,8 @@ class Config:
     num_envs: int = 1
     """Sub-environments stepped together in one gymnasium vector env."""
     vector: Literal["sync", "async", "ale"] = "sync"
-    """Vector env kind: ``sync`` (one process), ``async`` (one subprocess per env) or, for
+    """Vector env kind: ``sync`` (one process), ``async`` (one subprocess per env; with
+    ``--seeds``, every seed's subprocesses step at once, the same runs as ``sync``) or, for
     ALE games, ``ale``: ale-py's ``AtariVectorEnv``, the copies stepped by C++ threads with
     the same preprocessing (its no-ops drawn by the ALE, so not the same episodes; no
     ``wrappers``; a resume starts the interrupted episodes afresh)."""

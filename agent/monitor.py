@@ -10,7 +10,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -19,17 +19,24 @@ from tqdm import tqdm
 from agent.noisy import NoiseBuffers, noise_disabled, noise_switched, noisy_layers
 from agent.values import greedy_actions, q_values, support_of
 
+if TYPE_CHECKING:
+    from agent.replay import Replay
+
 T = TypeVar("T")
 
 __all__ = [
     "Monitor",
     "above_bars",
     "action_disagreement",
+    "exploration_probe",
     "exploration_stats",
     "noise_stats",
     "q_gap",
     "warnings_above_bars",
 ]
+
+# Replay states behind the exploration/* scalars, drawn at each log (batch_size at a time).
+PROBE_STATES = 256
 
 
 @torch.no_grad()
@@ -141,6 +148,20 @@ def exploration_stats(
         stats["exploration/action_disagreement"] = changed.float().mean()
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats, values, strict=True))
+
+
+def exploration_probe(
+    q_network: nn.Module, replay: Replay, batch_size: int, seed: int, noisy: bool
+) -> dict[str, float]:
+    """:func:`exploration_stats` over ``PROBE_STATES`` states drawn from ``replay``.
+
+    Generators of its own, seeded with ``seed``: no training RNG stream moves. Samples
+    of ``batch_size``, the size the pinned staging slots were made for.
+    """
+    generator = torch.Generator(device=replay.generator_device).manual_seed(seed)
+    draws = max(1, PROBE_STATES // batch_size)
+    obs = torch.cat([replay.sample(batch_size, generator).obs for _ in range(draws)])
+    return exploration_stats(q_network, obs, draws=draws, seed=seed, noisy=noisy)
 
 
 @contextlib.contextmanager

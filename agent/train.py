@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import gymnasium as gym
 import numpy as np
-import torch
 
 from agent import streams
 from agent.checkpoint import (
@@ -33,9 +33,7 @@ from agent.checkpoint import (
 from agent.config import Config
 from agent.evaluate import Evaluator, json_ready
 from agent.learner import Metrics, NonFiniteError
-from agent.monitor import Monitor, exploration_stats, noise_stats
-from agent.networks import QNetwork
-from agent.replay import Replay
+from agent.monitor import Monitor, exploration_probe, noise_stats
 from agent.replay.base import Batch
 from agent.replay.prioritized import annealed_beta
 from agent.setup import (
@@ -70,8 +68,8 @@ __all__ = [
     "check_observations",
     "close_quietly",
     "crossed",
-    "env_step",
-    "exploration_probe",
+    "env_receive",
+    "env_send",
     "finish_run",
     "learner_settings",
     "log_training",
@@ -82,8 +80,6 @@ __all__ = [
     "train_loop",
 ]
 
-# Replay states behind the exploration/* scalars, drawn at each log (batch_size at a time).
-PROBE_STATES = 256
 # Every this many vector steps, the played actions are set against the noise-free greedy
 # ones (exploration/off_greedy_fraction): a sample keeps the extra forward's cost small.
 OFF_GREEDY_EVERY = 4
@@ -359,15 +355,18 @@ def train_loop(
             end(member, "finished")
         return
     while members:
-        # --- act: greedy on a noisy net; the exploration policy on top, in env_step ---
+        # --- act: greedy on a noisy net; the exploration policy on top, in env_send ---
         obs = [m.run.obs for m in members]
         actions = learning.act(obs)  # (S, n) int64: the host read
         # On a sample of steps, what the agent would play with the noise off.
         probe = counters.global_step // n % OFF_GREEDY_EVERY == 0
         greedy = learning.noise_free(obs, actions) if probe else [None] * len(members)
-        for member, member_actions, member_greedy in zip(members, actions, greedy, strict=True):
-            # --- step the environments: transitions into replay, ended episodes reset ---
-            env_step(member.run, member.monitor, member_actions, member_greedy)
+        # --- step the environments: every member's actions go out before any step is read,
+        # so envs in worker processes (vector: async) step together; then each member
+        # records its step: transitions into replay, ended episodes reset ---
+        sent = [env_send(m.run, a, g) for m, a, g in zip(members, actions, greedy, strict=True)]
+        for member, (played, explored) in zip(members, sent, strict=True):
+            env_receive(member.run, member.monitor, played, explored)
         step = counters.global_step
         if bar is not None:
             bar.update(n)
@@ -421,20 +420,33 @@ def train_loop(
                 counters = members[0].run.counters
 
 
-def env_step(
-    run: Run, monitor: Monitor, actions: np.ndarray, greedy: np.ndarray | None = None
-) -> None:
-    """One step of the run's environments with its selector's ``actions``: the exploration
-    policy on top, the real transitions into replay, ended episodes logged and their envs
-    reset, repeats told to the policy; ``run.obs`` becomes the next observations. Both
-    loops take their steps here (a single run's, and each seed's of a group). ``greedy``:
-    the noise-free greedy actions, where this step is one the off-greedy share samples."""
-    cfg, counters, episodes, explore = run.cfg, run.counters, run.episodes, run.agent.exploration
-    # explored: (n,) bool where the floor's random action replaced the policy's
+def env_send(
+    run: Run, actions: np.ndarray, greedy: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first half of a step of the run's environments: the exploration policy on top
+    of its selector's ``actions``, sent to the envs (an async vector env's workers start
+    stepping). Returns the actions played and ``explored``, ``(n,)`` bool where the floor's
+    random action replaced the policy's. ``greedy``: the noise-free greedy actions, where
+    this step is one the off-greedy share samples."""
+    counters, explore = run.counters, run.agent.exploration
     actions, explored = explore(actions, counters.global_step)
     if greedy is not None:
         explore.off_greedy(actions, greedy, counters.global_step)
-    next_obs, rewards, terminated, truncated, info = run.envs.step(actions)
+    if isinstance(run.envs, gym.vector.AsyncVectorEnv):
+        run.envs.step_async(actions)
+    return actions, explored
+
+
+def env_receive(run: Run, monitor: Monitor, actions: np.ndarray, explored: np.ndarray) -> None:
+    """The second half, after :func:`env_send`: the real transitions into replay, ended
+    episodes logged and their envs reset, repeats told to the policy; ``run.obs`` becomes
+    the next observations. Both loops take their steps here (a single run's, and each
+    seed's of a group)."""
+    cfg, counters, episodes, explore = run.cfg, run.counters, run.episodes, run.agent.exploration
+    if isinstance(run.envs, gym.vector.AsyncVectorEnv):  # stepping since env_send
+        next_obs, rewards, terminated, truncated, info = run.envs.step_wait()
+    else:
+        next_obs, rewards, terminated, truncated, info = run.envs.step(actions)
     counters.global_step += cfg.num_envs
     life_lost = episodes.step(actions, rewards, info)
     # Training-only signals; the logged return stays the sum of the env's rewards.
@@ -578,23 +590,3 @@ def log_training(
         )
     monitor.scalars(step, scalars)
     monitor.progress(step, sps=f"{monitor.sps(step):.0f}")
-
-
-def exploration_probe(
-    q_network: QNetwork,
-    replay: Replay,
-    batch_size: int,
-    seed: int,
-    noisy: bool,
-) -> dict[str, float]:
-    """``exploration/*`` scalars over ``PROBE_STATES`` replay states (agent/monitor.py).
-
-    Generators of its own, seeded with ``seed``: no training RNG stream moves. Samples
-    of ``batch_size``, the size the pinned staging slots were made for.
-    """
-    generator = torch.Generator(device=replay.generator_device).manual_seed(seed)
-    draws = max(1, PROBE_STATES // batch_size)
-    obs = torch.cat([replay.sample(batch_size, generator).obs for _ in range(draws)])
-    return exploration_stats(q_network, obs, draws=draws, seed=seed, noisy=noisy)
-
-

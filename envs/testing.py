@@ -39,6 +39,12 @@ reset seed in every observation; ``render_mode="rgb_array"`` gives 8x8 frames (v
   with ``[0, 0, :] = (step, cue, 7)``.
 * ``NoisyDQN/Text-v0``: ``Text`` observations, which nothing can adapt (an error).
 
+Wrappers for tests (the ``wrappers`` key names them, so they apply in worker processes too):
+
+* :class:`StepLog`: appends ``start PID`` and ``end PID`` around each of an env's first
+  ``slow_steps`` steps, which each take ``seconds``, to the file ``path``: the order of
+  the lines shows whether envs in different processes stepped at once.
+
 Every frame encodes where it comes from: pixel ``[0, 0]`` is the step in the
 episode, ``[0, 1]`` an episode tag drawn at reset, the rest random bytes, so
 two frames are equal only by chance (tests compare stacks rebuilt by the frame
@@ -49,10 +55,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import os
+import time
+
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["SPACE_KINDS", "CueEnv", "FrameEnv", "SpaceEnv", "make_frames_env"]
+__all__ = ["SPACE_KINDS", "CueEnv", "FrameEnv", "SpaceEnv", "StepLog", "make_frames_env"]
 
 
 class CueEnv(gym.Env):
@@ -231,6 +240,35 @@ class SpaceEnv(gym.Env):
         frame[self._t % 8, :, self._cue] = 255
         return frame
 
+
+
+class StepLog(gym.Wrapper):
+    """Logs ``start PID`` / ``end PID`` around each of the env's first ``slow_steps``
+    steps to ``path``, each step held for ``seconds``; one ``O_APPEND`` write a line, so
+    lines from several processes do not mix."""
+
+    def __init__(self, env: gym.Env, path: str, slow_steps: int = 3, seconds: float = 0.2):
+        super().__init__(env)
+        self.path, self.slow_steps, self.seconds = path, slow_steps, seconds
+        self._steps = 0
+
+    def _log(self, what: str) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, f"{what} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+
+    def step(self, action: Any) -> Any:
+        slow = self._steps < self.slow_steps
+        self._steps += 1
+        if slow:
+            self._log("start")
+            time.sleep(self.seconds)
+        out = self.env.step(action)
+        if slow:
+            self._log("end")
+        return out
 
 if "NoisyDQN/Cue-v0" not in gym.registry:
     for _kind in SPACE_KINDS:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -93,6 +95,26 @@ def test_a_seed_does_not_depend_on_the_seeds_beside_it(tmp_path: Path) -> None:
     _group(tmp_path / "with3", [1, 3])
     _same_run(tmp_path / "alone" / "seed_1", tmp_path / "with2" / "seed_1")
     _same_run(tmp_path / "alone" / "seed_1", tmp_path / "with3" / "seed_1")
+
+
+def test_seeds_envs_in_worker_processes_step_at_once_and_train_as_in_this_one(
+    tmp_path: Path,
+) -> None:
+    """With ``vector: async`` every seed's actions go out before any seed's step is read,
+    so the seeds' env workers step at once; the runs are the ``sync`` group's, to the bit."""
+    log = tmp_path / "steps.log"
+    slow = {"envs.testing:StepLog": {"path": str(log), "slow_steps": 2, "seconds": 0.1}}
+    few = {"total_steps": 1_000, "eval_envs": 1}
+    _group(tmp_path / "async", [1, 2], vector="async", wrappers=[slow], **few)
+    _group(tmp_path / "sync", [1, 2], **few)
+    for seed in (1, 2):
+        _same_run(tmp_path / "async" / f"seed_{seed}", tmp_path / "sync" / f"seed_{seed}")
+    # The first lines are the two seeds' workers' first steps (evaluation comes later).
+    lines = [line.split() for line in log.read_text().splitlines()[:8]]
+    workers = {pid for _, pid in lines}
+    assert len(workers) == 2 and str(os.getpid()) not in workers
+    # A step of one worker starts while the other's is under way: two starts in a row.
+    assert any(a[0] == b[0] == "start" and a[1] != b[1] for a, b in itertools.pairwise(lines))
 
 
 @pytest.mark.parametrize("streams", ["hidden", "linear"])
@@ -366,10 +388,12 @@ def test_image_seeds_stack_and_each_is_its_own_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_an_image_group_trains_on_cuda(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vector", ["sync", "async"])
+def test_an_image_group_trains_on_cuda(tmp_path: Path, vector: str) -> None:
     """On a GPU the stacked convolutions are one grouped call for the seeds: a group trains
-    there to its last step, each seed's parameters finite."""
-    results = _image_group(tmp_path, [1, 2], device="cuda")
+    there to its last step, each seed's parameters finite; its envs also in worker
+    processes forked from the process that holds the CUDA context."""
+    results = _image_group(tmp_path, [1, 2], device="cuda", vector=vector)
     assert [r.status for r in results] == ["finished", "finished"]
     for seed in (1, 2):
         last = load_checkpoint(tmp_path / f"seed_{seed}" / "checkpoints" / "last.pt")
