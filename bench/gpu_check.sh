@@ -234,10 +234,11 @@ atari_seeds)
     step der_updates 90 $PY -m bench.seeds --net der --seeds ${SEEDS:-16 8 32} --quick \
         --device "${DEVICE:-cuda}"
     sed -n '/^|/p' "$LOGS/der_updates.log"
-    # The goal's S = 16 first; each group also with its seeds' envs in worker processes
-    # stepped at once (--async-envs), in case the host's env steps bound the group.
+    # The goal's S = 16 first; each group also with the host's two suspected bounds
+    # lifted: its seeds' envs in worker processes stepped at once, its frames in GPU memory.
     step atari_seeds "${LIMIT:-480}" $PY -m bench.seed_group speed --env KrullNoFrameskip-v4 \
-        --config der --seeds ${SEEDS:-16 8 32} --async-envs --steps "${STEPS:-10000}" \
+        --config der --seeds ${SEEDS:-16 8 32} --also "${ALSO:-vector=async replay_storage=device}" \
+        --steps "${STEPS:-10000}" \
         --window ${WINDOW:-2000 10000} --device "${DEVICE:-cuda}" --set final_episodes=1 \
         --set eval_envs=1 --set log_interval=100
     sed -n '/^|/p' "$LOGS/atari_seeds.log"

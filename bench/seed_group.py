@@ -9,9 +9,10 @@ core (``taskset``, one torch thread): ``run.py --seed 1`` (one seed, the single-
 fast paths) and ``run.py --seeds 1-S`` (S seeds stacked in one process, no Ray), both
 with ``early_stop=false`` so every seed runs every step, evaluation and logging
 included; ``--processes`` adds S lone runs started at once on the same core, the
-alternative to stacking a user has without it; ``--async-envs`` adds each group again
-with its seeds' envs in worker processes (``vector=async``), which step at once while the
-group waits (host time that a GPU group may be bound by). The single run is timed before and
+alternative to stacking a user has without it; ``--also 'KEY=VALUE ...'`` adds each
+group again with those settings, e.g. ``vector=async`` (its seeds' envs in worker
+processes, stepped at once while the group waits: host time that a GPU group may be
+bound by) or ``replay_storage=device``. The single run is timed before and
 after the groups, so drift shows. Prints, per variant as it finishes, the wall time, env
 steps per second summed over seeds, and the per-seed throughput against the first lone
 run.
@@ -139,15 +140,16 @@ def speed(args: argparse.Namespace) -> None:
             wall = timed([*common, "--seeds", f"1-{s}", "--run-dir", f"{tmp}/group{s}"], args.core)
             row(f"{s} seeds in one process (run.py --seeds 1-{s})", s, wall,
                 Path(f"{tmp}/group{s}/seed_1"))  # fmt: skip
-            if args.async_envs:
-                name = f"{s} seeds in one process, envs in worker processes (vector=async)"
+            for k, also in enumerate(args.also or []):
+                name = f"{s} seeds in one process, {also}"
+                sets = [a for setting in also.split() for a in ("--set", setting)]
                 try:
-                    wall = timed([*common, "--seeds", f"1-{s}", "--set", "vector=async",
-                                  "--run-dir", f"{tmp}/async{s}"], args.core)  # fmt: skip
+                    wall = timed([*common, "--seeds", f"1-{s}", *sets,
+                                  "--run-dir", f"{tmp}/also{k}_{s}"], args.core)  # fmt: skip
                 except SystemExit as e:  # a row of its own; the other variants go on
                     print(f"| {name} | failed: {str(e).splitlines()[-1]} |", flush=True)
                 else:
-                    row(name, s, wall, Path(f"{tmp}/async{s}/seed_1"))
+                    row(name, s, wall, Path(f"{tmp}/also{k}_{s}/seed_1"))
             if args.processes:
                 runs = [[*common, "--seed", str(i), "--run-dir", f"{tmp}/procs{s}/seed_{i}"]
                         for i in range(1, s + 1)]  # fmt: skip
@@ -220,9 +222,9 @@ def main() -> None:
     fast.add_argument("--set", action="append", help="KEY=VALUE for every command")
     fast.add_argument("--processes", action="store_true",
                       help="also run S lone processes at once on the same core(s), per group")
-    fast.add_argument("--async-envs", action="store_true",
-                      help="also each group with its seeds' envs in worker processes, stepped "
-                      "at once (--set vector=async)")
+    fast.add_argument("--also", action="append", metavar="'KEY=VALUE ...'",
+                      help="also each group with these settings, e.g. 'vector=async' (its "
+                      "seeds' envs in worker processes, stepped at once); repeatable")
     fast.add_argument("--window", type=int, nargs=2, metavar=("A", "B"),
                       help="also the steps/s between env steps A and B (e.g. 2000 10000)")
     same = sub.add_parser("agree", help="the same seeds together and alone: the statistics")
