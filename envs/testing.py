@@ -53,10 +53,9 @@ replay with the stacks the env returned).
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
 import time
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -241,13 +240,14 @@ class SpaceEnv(gym.Env):
         return frame
 
 
-
 class StepLog(gym.Wrapper):
     """Logs ``start PID`` / ``end PID`` around each of the env's first ``slow_steps``
     steps to ``path``, each step held for ``seconds``; one ``O_APPEND`` write a line, so
     lines from several processes do not mix."""
 
-    def __init__(self, env: gym.Env, path: str, slow_steps: int = 3, seconds: float = 0.2):
+    def __init__(
+        self, env: gym.Env, path: str, slow_steps: int = 3, seconds: float = 0.2
+    ) -> None:
         super().__init__(env)
         self.path, self.slow_steps, self.seconds = path, slow_steps, seconds
         self._steps = 0
@@ -269,6 +269,7 @@ class StepLog(gym.Wrapper):
         if slow:
             self._log("end")
         return out
+
 
 if "NoisyDQN/Cue-v0" not in gym.registry:
     for _kind in SPACE_KINDS:
