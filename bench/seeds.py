@@ -29,12 +29,11 @@ import argparse
 import contextlib
 import copy
 import statistics
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from agent.acting import ActionSelector
+from agent.acting import ActionSelector, CapturedGraph, capture_cuda_graph
 from agent.config_files import load_config
 from agent.learner import CapturedUpdate, Learner
 from agent.networks import QNetwork
@@ -146,40 +145,23 @@ def der_variants(seeds: int, device: torch.device) -> dict[str, tuple[object, in
             # A group's update on CUDA runs eagerly: what one CUDA graph would make of it.
             own = [torch.Generator(device=device).manual_seed(i) for i in range(seeds)]
             graphed = SeedLearner(stacked, target, own, **settings)
+            # Each seed's generator registered, so every replay draws fresh noise; for
+            # timing only (the learner's host-side counters stay where the capture left them).
             try:
-                replay = captured_update(graphed, stacked_batch, own)
+                graph = capture_cuda_graph(lambda _obs, gl=graphed: gl.update(stacked_batch),
+                                           (stacked_batch.obs,), generators=own)  # fmt: skip
             except Exception as e:  # a row's absence, said; the other variants go on
                 print(f"(the stacked update could not be captured: {str(e).splitlines()[0]})")
             else:
-                out[f"update, {seeds} stacked, grouped conv, a CUDA graph"] = (replay, seeds)
+                out[f"update, {seeds} stacked, grouped conv, a CUDA graph"] = (
+                    lambda gr=graph: replayed(gr), seeds)  # fmt: skip
     return out
 
 
-def captured_update(
-    learner: SeedLearner, batch: Batch, generators: list[torch.Generator]
-) -> Callable[[], torch.Tensor]:
-    """``learner.update(batch)`` captured as one CUDA graph, each seed's noise generator
-    registered with it so that every replay draws fresh noise; returns a replay that gives
-    the per-sample errors. For timing: the learner's host-side counters (updates, Adam's
-    step count) stay where the capture left them."""
-    graph = torch.cuda.CUDAGraph()
-    for generator in generators:  # before the warm-up: a refusal costs nothing
-        graph.register_generator_state(generator)
-    current = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(current)
-    with torch.cuda.stream(side):  # lazy initialisation outside the capture
-        for _ in range(3):
-            learner.update(batch)
-    current.wait_stream(side)
-    with torch.cuda.graph(graph):
-        errors = learner.update(batch)
-
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return errors
-
-    return replay
+def replayed(graph: CapturedGraph) -> torch.Tensor:
+    """``graph`` replayed: its output, which the next replay overwrites."""
+    graph.replay()
+    return graph.output
 
 
 def rows(seeds: int, runs: dict[str, tuple[object, int]], calls: int, repeats: int,
@@ -229,6 +211,7 @@ def main() -> None:
         for seeds in args.seeds:
             runs = der_variants(seeds, device) if args.net == "der" else variants(seeds, device)
             print("\n".join(rows(seeds, runs, calls, repeats, device, args.net)), flush=True)
+
 
 if __name__ == "__main__":
     main()

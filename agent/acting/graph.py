@@ -114,10 +114,16 @@ class _CudaGraph:
         fn: Callable[..., torch.Tensor],
         static_inputs: Sequence[torch.Tensor],
         warmup: int = 3,
+        generators: Sequence[torch.Generator] = (),
     ) -> None:
         inputs = tuple(static_inputs)
         device = inputs[0].device
         with torch.cuda.device(device):
+            self._graph = torch.cuda.CUDAGraph()
+            # Generators of fn's own, registered before the warm-up (a torch that refuses
+            # them fails before any work): each replay advances them as an eager call would.
+            for generator in generators:
+                self._graph.register_generator_state(generator)
             # Warm-up on a side stream (as the PyTorch docs prescribe): lazy
             # initialisation (cuBLAS handles, workspaces) must not happen in capture.
             current = torch.cuda.current_stream(device)
@@ -127,7 +133,6 @@ class _CudaGraph:
                 for _ in range(warmup):
                     fn(*inputs)
             current.wait_stream(side)
-            self._graph = torch.cuda.CUDAGraph()
             # torch.cuda.graph registers the default CUDA generator: random ops in
             # the graph read seed/offset at replay, so each replay draws fresh noise.
             with torch.cuda.graph(self._graph):
@@ -138,7 +143,10 @@ class _CudaGraph:
 
 
 def capture_cuda_graph(
-    fn: Callable[..., torch.Tensor], static_inputs: Sequence[torch.Tensor]
+    fn: Callable[..., torch.Tensor],
+    static_inputs: Sequence[torch.Tensor],
+    generators: Sequence[torch.Generator] = (),
 ) -> CapturedGraph:
-    """Capture ``fn(*static_inputs)`` as a CUDA graph (raises if an op cannot be captured)."""
-    return _CudaGraph(fn, static_inputs)
+    """Capture ``fn(*static_inputs)`` as a CUDA graph (raises if an op cannot be captured);
+    ``generators``: CUDA generators ``fn`` draws from besides the default one."""
+    return _CudaGraph(fn, static_inputs, generators=generators)
