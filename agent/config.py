@@ -283,7 +283,8 @@ class Config:
     """The Weights & Biases entity (user or team) of a tracked run; null: W&B's default."""
     capture_graph: bool = True
     """On CUDA, capture action selection and the learner update as CUDA graphs, each
-    replayed every step (false: eager, e.g. where capture misbehaves)."""
+    replayed every step; a seed group (``--seeds``) captures its stacked update and acts
+    eagerly (false: eager, e.g. where capture misbehaves)."""
 
     def validate(self, defaults: Config | None = None) -> Config:
         """Raise :class:`UserError` on the first invalid value, naming the ``--set`` that

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -50,10 +50,11 @@ def sync_parameters(target: list[torch.Tensor], online: list[torch.Tensor], tau:
 
 class RunningMetrics:
     """Sums of (TD loss, mean Q of the taken actions) since the last read, kept on the
-    device (a tensor; its numpy view for the numpy backend) and read at log time."""
+    device (a tensor; its numpy view for the numpy backend) and read at log time;
+    ``rows``: one pair per stacked seed, ``sums`` of shape ``(rows, 2)``."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
-        self.sums = torch.zeros(2, device=device, dtype=dtype)
+    def __init__(self, device: torch.device, dtype: torch.dtype, rows: int | None = None) -> None:
+        self.sums = torch.zeros(2 if rows is None else (rows, 2), device=device, dtype=dtype)
         self.count = 0
 
     def read(self) -> Metrics | None:
@@ -395,6 +396,19 @@ class _NumpyUpdate:
         return torch.from_numpy(errors.astype(out.dtype, copy=False))
 
 
+class _Updater(Protocol):
+    """What :class:`CapturedUpdate` captures: a :class:`Learner`, or the seeds' stacked
+    :class:`~agent.seeds.SeedLearner`."""
+
+    q_network: nn.Module
+    target_network: nn.Module
+    optimizer: Adam
+    running: RunningMetrics
+    updates: int
+
+    def update(self, batch: BatchLike) -> torch.Tensor: ...
+
+
 class CapturedUpdate:
     """``learner.update`` captured once and replayed for every batch (a CUDA graph on
     CUDA; ``capture`` is the acting path's seam, :mod:`agent.acting.graph`).
@@ -406,10 +420,22 @@ class CapturedUpdate:
     metrics and the random streams put back as they were), so a run takes the same
     steps as with eager updates. The target sync (an in-place copy) and
     ``load_state_dict`` (in place) are seen by the graph without re-capture.
+
+    ``learner``: a :class:`Learner` or a :class:`~agent.seeds.SeedLearner` (the seeds'
+    stacked update: batches ``(S, B, ...)``, errors ``(S, B)``). ``generators``: the CUDA
+    generators its update draws from besides the default one (a seed group's own noise
+    streams), registered with the graph so that each replay advances them as an eager
+    update would: a checkpoint saves the states an eager run's would hold.
     """
 
-    def __init__(self, learner: Learner, capture: Any) -> None:
+    def __init__(
+        self,
+        learner: _Updater,
+        capture: Any,
+        generators: Sequence[torch.Generator] = (),
+    ) -> None:
         self.learner, self.capture = learner, capture
+        self.generators = list(generators)
         self.graph: Any = None
         self.static: Batch | None = None
         self._stepped: frozenset[int] = frozenset()
@@ -440,11 +466,14 @@ class CapturedUpdate:
         learner = self.learner
         fields = [torch.empty_like(t).copy_(t) for t in batch.learned]
         self.static = Batch(*fields[:6], None, fields[6] if len(fields) > 6 else None)
-        saved = _learner_state(learner)
+        saved = _learner_state(learner, self.generators)
+        # (a capture seam that takes no generators, a test's, is called as it was)
+        own = {"generators": self.generators} if self.generators else {}
         try:
-            graph = self.capture(lambda _obs: learner.update(self.static), (self.static.obs,))
+            graph = self.capture(lambda _obs: learner.update(self.static),
+                                 (self.static.obs,), **own)  # fmt: skip
         except Exception as e:  # an op that cannot be captured: say so, and go on eagerly
-            _restore_learner_state(learner, saved)
+            _restore_learner_state(learner, saved, self.generators)
             self.capture = None
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             warnings.warn(f"the learner update could not be captured as a CUDA graph "
@@ -454,11 +483,13 @@ class CapturedUpdate:
         # The capture's own update set which parameters get a gradient (frozen sigmas
         # of a noise-free update get none): each replay steps exactly those.
         self._stepped = frozenset(i for i, has in enumerate(learner.optimizer.has_grad) if has)
-        _restore_learner_state(learner, saved)
+        _restore_learner_state(learner, saved, self.generators)
         self.graph = graph
 
 
-def _learner_state(learner: Learner) -> dict[str, Any]:
+def _learner_state(
+    learner: _Updater, generators: Sequence[torch.Generator]
+) -> dict[str, Any]:
     """Everything an update changes, copied: networks, optimizer, metrics, RNG streams."""
     nets = [learner.q_network, learner.target_network]
     device = learner.running.sums.device
@@ -470,12 +501,16 @@ def _learner_state(learner: Learner) -> dict[str, Any]:
         "counts": (learner.updates, learner.running.count),
         "cpu_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "generators": [g.get_state() for g in generators],
     }
 
 
 @torch.no_grad()
-def _restore_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
-    """Put :func:`_learner_state` back, in place (a captured graph reads these addresses)."""
+def _restore_learner_state(
+    learner: _Updater, saved: dict[str, Any], generators: Sequence[torch.Generator]
+) -> None:
+    """Put :func:`_learner_state` back, in place (a captured graph reads these addresses;
+    a generator's state is set in place, so a graph it is registered with keeps it)."""
     nets = [learner.q_network, learner.target_network]
     live = [t for net in nets for t in (*net.parameters(), *net.buffers())]
     for tensor, value in zip(live, saved["tensors"], strict=True):
@@ -486,3 +521,5 @@ def _restore_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
     torch.set_rng_state(saved["cpu_rng"])
     if saved["cuda_rng"] is not None:
         torch.cuda.set_rng_state(saved["cuda_rng"], learner.running.sums.device)
+    for generator, state in zip(generators, saved["generators"], strict=True):
+        generator.set_state(state)

@@ -228,8 +228,8 @@ atari_seeds)
     # start-up and the final evaluation (one episode a seed here) stay out of the figure;
     # rows print as they land, so a command cut short still reports the ones it finished.
     # First the update alone, S seeds stacked with a convolution call per seed and with one
-    # grouped call (what a group on cuda runs), and the grouped one captured as a CUDA
-    # graph (a group runs it eagerly), against one seed's CUDA graph.
+    # grouped call, eager and captured as a CUDA graph (what a group on cuda runs),
+    # against one seed's CUDA graph.
     # A dry run on a CPU: DEVICE=cpu SEEDS=2 STEPS=2500 WINDOW="1700 2400".
     step der_updates 90 $PY -m bench.seeds --net der --seeds ${SEEDS:-16 8 32} --quick \
         --device "${DEVICE:-cuda}"

@@ -20,7 +20,8 @@ times the stacked variants on the GPU (synchronised per call), against the same
 single-seed CPU figures. ``--net der`` times the ``der`` preset's update instead: one
 seed as a run makes it on the device, and S seeds stacked with a convolution call per
 seed and with one grouped call (``stack_networks(grouped_conv=...)``); on CUDA also the
-grouped update captured as one CUDA graph (a group runs it eagerly today).
+grouped update captured as one CUDA graph, as a group's training runs it (its eager
+row says what the graph gains).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import statistics
 import numpy as np
 import torch
 
-from agent.acting import ActionSelector, CapturedGraph, capture_cuda_graph
+from agent.acting import ActionSelector, capture_cuda_graph
 from agent.config_files import load_config
 from agent.learner import CapturedUpdate, Learner
 from agent.networks import QNetwork
@@ -97,8 +98,9 @@ def variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
 def der_variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
     """The ``der`` preset's network (Krull's 18 actions): one seed's update as a run makes it
     on ``device`` (the numpy engine on a CPU, a CUDA graph on a GPU), and S seeds' stacked
-    update with a convolution call per seed and with one grouped call; on a GPU, the lone
-    and the grouped update also with their loss in bfloat16."""
+    update with a convolution call per seed and with one grouped call; on a GPU, the
+    grouped update also captured as a CUDA graph, and the lone and the grouped update also
+    with their loss in bfloat16."""
     cfg = load_config("KrullNoFrameskip-v4", "der")
     settings = learner_settings(cfg, noise=True)
 
@@ -141,27 +143,15 @@ def der_variants(seeds: int, device: torch.device) -> dict[str, tuple[object, in
             ", bf16" if autocast else "")
         out[f"update, {seeds} stacked, {label}"] = (
             lambda sl=stacked_learner: sl.update(stacked_batch), seeds)  # fmt: skip
-        if device.type == "cuda" and grouped and autocast is None:
-            # A group's update on CUDA runs eagerly: what one CUDA graph would make of it.
-            own = [torch.Generator(device=device).manual_seed(i) for i in range(seeds)]
-            graphed = SeedLearner(stacked, target, own, **settings)
-            # Each seed's generator registered, so every replay draws fresh noise; for
-            # timing only (the learner's host-side counters stay where the capture left them).
-            try:
-                graph = capture_cuda_graph(lambda _obs, gl=graphed: gl.update(stacked_batch),
-                                           (stacked_batch.obs,), generators=own)  # fmt: skip
-            except Exception as e:  # a row's absence, said; the other variants go on
-                print(f"(the stacked update could not be captured: {str(e).splitlines()[0]})")
-            else:
-                out[f"update, {seeds} stacked, grouped conv, a CUDA graph"] = (
-                    lambda gr=graph: replayed(gr), seeds)  # fmt: skip
+        if device.type == "cuda" and grouped:
+            # What a group runs on CUDA: the grouped update as one CUDA graph, each seed's
+            # noise stream registered with it (CapturedUpdate, as SeedStack makes it).
+            captured = CapturedUpdate(stacked_learner, capture_cuda_graph, generators=generators)
+            captured(stacked_batch)  # captured here; a capture that fails warns and runs eagerly
+            if captured.graph is not None:
+                out[f"update, {seeds} stacked, {label}, a CUDA graph"] = (
+                    lambda c=captured: c(stacked_batch), seeds)  # fmt: skip
     return out
-
-
-def replayed(graph: CapturedGraph) -> torch.Tensor:
-    """``graph`` replayed: its output, which the next replay overwrites."""
-    graph.replay()
-    return graph.output
 
 
 def rows(seeds: int, runs: dict[str, tuple[object, int]], calls: int, repeats: int,

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from agent.learner import NonFiniteError
 from agent.seeds.group import GROUP_KEY, train_group
 from agent.train import TrainResult
 from test_train import SHORT as TRAIN_SHORT
-from test_train import _interrupt_at, _interrupt_final_evaluation
+from test_train import _events, _interrupt_at, _interrupt_final_evaluation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -399,6 +401,64 @@ def test_an_image_group_trains_on_cuda(tmp_path: Path, vector: str) -> None:
         last = load_checkpoint(tmp_path / f"seed_{seed}" / "checkpoints" / "last.pt")
         assert last["counters"]["global_step"] == FRAMES_RUN["total_steps"]
         assert all(torch.isfinite(t).all() for t in last["q_network"].values())
+
+
+def _captured_and_eager(
+    root: Path, run: Callable[..., list[TrainResult]], **overrides: object
+) -> list[tuple[Path, Path]]:
+    """The same group trained with eager updates and with its update captured (on the
+    CPU the capture seam's eager stand-in; on CUDA a CUDA graph): each seed's two runs."""
+    run(root / "eager", [1, 2], capture_graph=False, **overrides)
+    run(root / "captured", [1, 2], capture_graph=True, **overrides)
+    return [(root / "eager" / f"seed_{s}", root / "captured" / f"seed_{s}") for s in (1, 2)]
+
+
+def test_a_captured_group_update_trains_the_same_runs_as_eager_updates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA (capture_graph) a group's stacked update is one CUDA graph, the seeds' noise
+    streams registered with it. On the CPU the capture seam's eager stand-in runs the same
+    orchestration: static buffers, the host's counters, and a capture whose warm-up draws
+    each seed's update noise and must leave no trace. So each seed's run is its eager run
+    to the bit, down to its saved noise streams and its logged losses."""
+    import agent.seeds.group as group_module
+    from agent.acting.graph import capture_eager
+
+    monkeypatch.setattr(group_module, "update_capture",
+                        lambda device, on: capture_eager if on else None)  # fmt: skip
+    for eager, captured in _captured_and_eager(tmp_path, _group):
+        _same_run(eager, captured)
+        a, b = (load_checkpoint(d / "checkpoints" / "last.pt") for d in (eager, captured))
+        assert a["learner"]["optimizer"]["step"] == b["learner"]["optimizer"]["step"] > 0
+        assert torch.equal(a["learner"]["optimizer"]["steps"], b["learner"]["optimizer"]["steps"])
+        for stream in ("act_generator", "update_generator"):
+            assert torch.equal(a[GROUP_KEY][stream], b[GROUP_KEY][stream]), stream
+        losses = [[e.value for e in _events(d).Scalars("losses/td_loss")]
+                  for d in (eager, captured)]  # fmt: skip
+        assert losses[0] and losses[0] == losses[1]  # each update counted once
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_an_image_group_captures_its_update_and_trains_as_eager_updates_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two der seeds stacked on CUDA, their update one CUDA graph (grouped convolutions,
+    each seed's noise stream registered) against the same group's eager updates. cuDNN's
+    default convolution gradients sum in no fixed order: deterministic algorithms keep the
+    comparison about the capture."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a capture that falls back fails
+        pairs = _captured_and_eager(tmp_path, _image_group, device="cuda")
+    for eager, captured in pairs:
+        a, b = (load_checkpoint(d / "checkpoints" / "last.pt") for d in (eager, captured))
+        assert a["counters"] == b["counters"]
+        for key, value in a["q_network"].items():
+            torch.testing.assert_close(b["q_network"][key], value, rtol=1e-4, atol=1e-5)
+        for stream in ("act_generator", "update_generator"):
+            assert torch.equal(a[GROUP_KEY][stream], b[GROUP_KEY][stream]), stream
 
 
 def test_an_image_group_resumes_exactly(tmp_path: Path) -> None:

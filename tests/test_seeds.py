@@ -301,18 +301,21 @@ def test_the_image_benchmark_times_der_updates_both_ways() -> None:
 @pytest.mark.gpu
 def test_the_image_benchmark_captures_the_stacked_update_on_cuda() -> None:
     """On CUDA, bench.seeds --net der also times the grouped stacked update as one CUDA
-    graph, the seeds' generators registered with it: the capture succeeds and each replay
-    gives finite errors for every seed (a capture that failed would drop the row)."""
+    graph (fp32 and bf16), the seeds' generators registered with it, as a group trains:
+    the capture succeeds and each replay gives finite errors for every seed (a capture
+    that failed would drop the row)."""
     from bench.seeds import der_variants
 
     runs = der_variants(2, torch.device("cuda"))
-    (name,) = [name for name in runs if "CUDA graph" in name and "stacked" in name]
-    replay, seeds = runs[name]
-    first = replay().clone()
-    second = replay()
-    assert first.shape == second.shape == (seeds, 32)
-    assert torch.isfinite(first).all() and torch.isfinite(second).all()
-    assert not torch.equal(first, second)  # the parameters moved between the replays
+    names = [name for name in runs if "CUDA graph" in name and "stacked" in name]
+    assert len(names) == 2, names
+    for name in names:
+        replay, seeds = runs[name]
+        first = replay().clone()
+        second = replay()
+        assert first.shape == second.shape == (seeds, 32)
+        assert torch.isfinite(first).all() and torch.isfinite(second).all()
+        assert not torch.equal(first, second)  # the parameters moved between the replays
 
 
 def test_seed_states_load_back_into_a_stack_of_any_order() -> None:

@@ -100,9 +100,12 @@ class _EagerReplay:
 
 
 def capture_eager(
-    fn: Callable[..., torch.Tensor], static_inputs: Sequence[torch.Tensor]
+    fn: Callable[..., torch.Tensor],
+    static_inputs: Sequence[torch.Tensor],
+    generators: Sequence[torch.Generator] = (),
 ) -> CapturedGraph:
-    """Capture seam without a GPU: replays re-run ``fn`` eagerly (also the fallback on CUDA)."""
+    """Capture seam without a GPU: replays re-run ``fn`` eagerly (also the fallback on CUDA);
+    ``generators`` need no registration there (each re-run draws from them itself)."""
     return _EagerReplay(fn, static_inputs)
 
 

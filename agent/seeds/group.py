@@ -39,14 +39,14 @@ from agent import streams
 from agent.checkpoint import resume_exactness
 from agent.config import Config
 from agent.errors import UserError
-from agent.learner import Metrics, NonFiniteError
+from agent.learner import CapturedUpdate, Metrics, NonFiniteError
 from agent.monitor import above_bars, warnings_above_bars
 from agent.replay import FrameReplayBuffer, ReplayBuffer
 from agent.replay.base import Batch
 from agent.noisy import noise_switched
 from agent.seeds.learner import SeedLearner, diverged
 from agent.seeds.stacked import NoiseDraw, seed_state_dict, stack_networks, stacked_noisy_layers
-from agent.setup import learner_autocast
+from agent.setup import learner_autocast, update_capture
 from agent.signals import StopSignals
 from agent.values import greedy_actions, support_of
 from agent.train import (
@@ -180,6 +180,11 @@ class SeedStack:
         self.learner.load_seed_states([a.learner.state_dict() for a in agents])
         if carry is not None:  # the loss sums since the last log, of the seeds kept
             self.learner.take_running(*carry)
+        # On CUDA (capture_graph) the stacked update is one CUDA graph, the seeds' noise
+        # streams registered with it; captured at its first batch, as a single run's.
+        capture = update_capture(self.device, cfg.capture_graph)
+        self._update = self.learner.update if capture is None else CapturedUpdate(
+            self.learner, capture, generators=self.learner.generators)
         layers = stacked_noisy_layers(self.q_network)
         self._draw = NoiseDraw(layers) if noisy and layers else None
         self._layers = layers
@@ -215,7 +220,7 @@ class SeedStack:
     def update(self, batches: list[Batch]) -> None:
         """One gradient step per seed, seed ``i`` on ``batches[i]``; each seed's replay
         gets its per-sample errors (for its priorities, if it keeps any)."""
-        errors = self.learner.update(Batch.stack(batches))  # (S, B)
+        errors = self._update(Batch.stack(batches))  # (S, B)
         for seed, batch, seed_errors in zip(self.seeds, batches, errors, strict=True):
             seed.run.agent.replay.update_priorities(batch.indices, seed_errors)
 

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from agent.learner import Metrics, sync_parameters
+from agent.learner import Metrics, RunningMetrics, sync_parameters
 from agent.objectives import BatchLike, make_objective, td_loss
 from agent.optim import Adam
 from agent.seeds.stacked import NoiseDraw, stacked_noisy_layers, with_own_noise
@@ -76,8 +76,7 @@ class SeedLearner:
         self.optimizer = Adam(params, lr=lr, eps=adam_eps, rows=self.seeds)
         self._online = params
         self._target = list(target_network.parameters())
-        self._sums = torch.zeros(self.seeds, 2, device=params[0].device, dtype=params[0].dtype)
-        self._count = 0
+        self.running = RunningMetrics(params[0].device, params[0].dtype, rows=self.seeds)
         self.updates = 0
 
     def update(self, batch: BatchLike) -> torch.Tensor:
@@ -101,8 +100,8 @@ class SeedLearner:
         self.optimizer.step()
 
         with torch.no_grad():
-            self._sums += torch.stack([losses, q_taken.mean(dim=1)], dim=1)
-        self._count += 1
+            self.running.sums += torch.stack([losses, q_taken.mean(dim=1)], dim=1)
+        self.running.count += 1
         self.updates += 1
         return errors
 
@@ -130,19 +129,20 @@ class SeedLearner:
         """Per seed, the means of (TD loss, Q of the taken actions) since the last call (one
         host read), or None without updates. Non-finite means are returned as they are:
         which seeds diverged is the caller's to act on (:func:`diverged`)."""
-        if self._count == 0:
+        running = self.running
+        if running.count == 0:
             return None
-        means = (self._sums / self._count).tolist()
-        count = self._count
-        self._sums.zero_()
-        self._count = 0
+        means = (running.sums / running.count).tolist()
+        count = running.count
+        running.sums.zero_()
+        running.count = 0
         return [Metrics(loss, q, count) for loss, q in means]
 
     def take_running(self, other: SeedLearner, rows: list[int]) -> None:
         """Continue ``other``'s metric sums since its last :meth:`metrics` call, for its
         seeds ``rows`` (a learner rebuilt for fewer seeds)."""
-        self._sums.copy_(other._sums[rows])
-        self._count = other._count
+        self.running.sums.copy_(other.running.sums[rows])
+        self.running.count = other.running.count
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
