@@ -229,7 +229,7 @@ atari_seeds)
     # rows print as they land, so a command cut short still reports the ones it finished.
     # First the update alone, S seeds stacked with a convolution call per seed and with one
     # grouped call, eager and captured as a CUDA graph (what a group on cuda runs),
-    # against one seed's CUDA graph.
+    # against one seed's CUDA graph; then a step's action, one seed's against the stack's.
     # A dry run on a CPU: DEVICE=cpu SEEDS=2 STEPS=2500 WINDOW="1700 2400".
     step der_updates 90 $PY -m bench.seeds --net der --seeds ${SEEDS:-16 8 32} --quick \
         --device "${DEVICE:-cuda}"

@@ -21,7 +21,8 @@ single-seed CPU figures. ``--net der`` times the ``der`` preset's update instead
 seed as a run makes it on the device, and S seeds stacked with a convolution call per
 seed and with one grouped call (``stack_networks(grouped_conv=...)``); on CUDA also the
 grouped update captured as one CUDA graph, as a group's training runs it (its eager
-row says what the graph gains).
+row says what the graph gains); then a step's action with fresh noise, one seed's
+selector against the stack's, as a group acts.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import contextlib
 import copy
 import statistics
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -39,8 +41,9 @@ from agent.config_files import load_config
 from agent.learner import CapturedUpdate, Learner
 from agent.networks import QNetwork
 from agent.replay import Batch
-from agent.seeds import SeedLearner, stack_networks
+from agent.seeds import NoiseDraw, SeedLearner, stack_networks, stacked_noisy_layers
 from agent.setup import build_q_network, learner_settings, limit_cpu_threads, update_capture
+from agent.values import greedy_actions, support_of
 from bench.acting import machine, time_calls
 
 HIDDEN, BATCH, LR = (128, 128), 32, 1e-4
@@ -151,7 +154,34 @@ def der_variants(seeds: int, device: torch.device) -> dict[str, tuple[object, in
             if captured.graph is not None:
                 out[f"update, {seeds} stacked, {label}, a CUDA graph"] = (
                     lambda c=captured: c(stacked_batch), seeds)  # fmt: skip
+    out.update(der_acting(seeds, device, network))
     return out
+
+
+def der_acting(seeds: int, device: torch.device,
+               network: Callable[[int], QNetwork]) -> dict[str, tuple[object, int]]:
+    """A step's action with fresh noise: one seed's ``ActionSelector`` as a run makes it (a
+    CUDA graph on a GPU), and S stacked seeds as a group acts (``SeedStack.act``: each
+    seed's noise drawn from its own generator, then one eager forward and argmax)."""
+    selector = ActionSelector(network(0), (4, 84, 84), 1, device)
+    frame = np.zeros((1, 4, 84, 84), dtype=np.uint8)
+    selector(frame)  # picks its backend (captures its graph on a GPU)
+    stacked = stack_networks([network(i) for i in range(seeds)],
+                             grouped_conv=device.type == "cuda")  # fmt: skip
+    draw = NoiseDraw(stacked_noisy_layers(stacked))
+    generators = [torch.Generator(device=device).manual_seed(i) for i in range(seeds)]
+    frames = np.zeros((seeds, 1, 4, 84, 84), dtype=np.uint8)
+
+    def act_stacked() -> np.ndarray:
+        draw(generators)
+        with torch.inference_mode():
+            q = stacked(torch.from_numpy(frames).to(device))  # (S, 1, A, N)
+            return greedy_actions(q, support_of(stacked)).cpu().numpy()
+
+    return {
+        f"act, one seed ({selector.backend})": (lambda: selector(frame), 1),
+        f"act, {seeds} stacked (eager)": (act_stacked, seeds),
+    }
 
 
 def rows(seeds: int, runs: dict[str, tuple[object, int]], calls: int, repeats: int,
@@ -169,10 +199,9 @@ def rows(seeds: int, runs: dict[str, tuple[object, int]], calls: int, repeats: i
     names, out = list(runs), []
     for name in names:
         call = statistics.median(times[name])
-        if net == "der":
-            single = per_seed[names[0]]
-        else:  # updates against the lone update, actions against the lone action
-            single = per_seed[names[0] if name.startswith("update") else names[2]]
+        # updates against the lone update, actions against the lone action
+        verb = name.split(",")[0]
+        single = per_seed[next(n for n in names if n.startswith(verb))]
         ratio = f"{single / per_seed[name]:.2f}x" if "stacked" in name else ""
         out.append(f"| {seeds} | {name} | {call:.0f} | {per_seed[name]:.1f} | {ratio} |")
     return out
@@ -184,7 +213,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--net", default="cartpole", choices=["cartpole", "der"],
-                        help="der: the der preset's updates, a conv call per seed or grouped")
+                        help="der: the der preset's updates, a conv call per seed or grouped, "
+                        "and its actions")
     args = parser.parse_args()
     device = torch.device(args.device)
     calls, repeats = (100, 3) if args.quick else (400, 5)

@@ -287,15 +287,23 @@ def test_the_benchmark_times_what_it_names() -> None:
 
 def test_the_image_benchmark_times_der_updates_both_ways() -> None:
     """bench.seeds --net der: the lone der update and S stacked ones, a convolution call per
-    seed and grouped, each returning per-sample errors of a batch of 32 a seed."""
+    seed and grouped, each returning per-sample errors of a batch of 32 a seed; and a
+    step's action of one seed and of the stack, a valid action for each seed."""
     from bench.seeds import der_variants
 
     runs = der_variants(2, torch.device("cpu"))
-    assert len(runs) == 3 and sum("grouped" in name for name in runs) == 1
-    for fn, seeds in runs.values():
+    updates = {name: run for name, run in runs.items() if name.startswith("update")}
+    assert len(updates) == 3 and sum("grouped" in name for name in updates) == 1
+    for fn, seeds in updates.values():
         out = fn()
         assert out.shape == ((seeds, 32) if seeds > 1 else (32,))
         assert torch.isfinite(out).all()
+    acts = {name: run for name, run in runs.items() if name.startswith("act")}
+    assert len(acts) == 2
+    for fn, seeds in acts.values():
+        actions = fn()
+        assert actions.shape == ((seeds, 1) if seeds > 1 else (1,))
+        assert ((actions >= 0) & (actions < 18)).all()  # Krull's 18 actions
 
 
 @pytest.mark.gpu
