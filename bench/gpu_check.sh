@@ -9,6 +9,7 @@
 #   bash bench/gpu_check.sh seeds    # seeds stacked on cuda: bench/seeds.py, bench/seed_group.py
 #   bash bench/gpu_check.sh der      # one Atari 100k run of --config der on cuda (resumes)
 #   bash bench/gpu_check.sh atari_seeds  # der seeds of one game stacked on cuda: steps/s by S
+#   bash bench/gpu_check.sh der_seeds    # SEEDS der seeds (4) trained whole in one process, timed
 #   bash bench/gpu_check.sh pong     # Pong from scratch in one command, its curve (resumes)
 #   bash bench/gpu_check.sh figures  # the figures docs/performance.md lacks, in one command
 #
@@ -21,7 +22,7 @@
 # into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
 # Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
 set -u
-phase=${1:?usage: bash bench/gpu_check.sh tests|verify|sanitize|bench|atari|seeds|der|atari_seeds|pong|figures}
+phase=${1:?usage: bash bench/gpu_check.sh tests|verify|sanitize|bench|atari|seeds|der|der_seeds|atari_seeds|pong|figures}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}
@@ -242,6 +243,29 @@ atari_seeds)
         --window ${WINDOW:-2000 10000} --device "${DEVICE:-cuda}" --set final_episodes=1 \
         --set eval_envs=1 --set log_interval=100
     sed -n '/^|/p' "$LOGS/atari_seeds.log"
+    ;;
+der_seeds)
+    # SEEDS der seeds of Krull (default 4) trained whole in one process on cuda, their
+    # final 100 episodes included, timed: the stacked run end to end, with S from what the
+    # atari_seeds phase's figures say fits one command. A group refuses eval_vector async
+    # (each seed would start workers of its own), so its evaluations step in ale-py's
+    # vector env (C++ threads; other episodes than sync's: a timing, not a report's score).
+    # A dry run on a CPU (STEPS shortens the run and its evaluations):
+    #   DEVICE=cpu SEEDS=2 STEPS=300 bash bench/gpu_check.sh der_seeds
+    r=$RUNS/der_seeds
+    rm -rf "$r"
+    step der_seeds "${LIMIT:-540}" $PY run.py --env KrullNoFrameskip-v4 --config der \
+        --seeds "${SEEDS:-4}" --device "${DEVICE:-cuda}" --run-dir "$r" --no-progress \
+        --set eval_vector=ale ${STEPS:+--set total_steps=$STEPS --set learning_starts=200 \
+        --set final_episodes=1 --set eval_envs=1 --set eval_interval=0}
+    for f in "$r"/seed_*/result.json; do
+        [ -f "$f" ] || continue
+        echo "   $(basename "$(dirname "$f")"): $(json "$f" status), final $(json "$f" \
+final_eval_return), $(json "$f" wall_time_s) s in all, $(json "$f" final_eval_wall_s) s of \
+final evaluation"
+        cp "$f" "$LOGS/der_seeds_$(basename "$(dirname "$f")").json"
+    done
+    pack
     ;;
 der)
     # Data-efficient Rainbow on Krull, seed 1, 100k steps and the 100 final episodes on
