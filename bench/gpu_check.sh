@@ -8,6 +8,7 @@
 #   bash bench/gpu_check.sh atari    # bench/atari.py on cuda: SPS and where the time goes
 #   bash bench/gpu_check.sh seeds    # seeds stacked on cuda: bench/seeds.py, bench/seed_group.py
 #   bash bench/gpu_check.sh der      # one Atari 100k run of --config der on cuda (resumes)
+#   bash bench/gpu_check.sh der_parts  # where a der step's time goes on cuda, frames both ways
 #   bash bench/gpu_check.sh atari_seeds  # der seeds of one game stacked on cuda: steps/s by S
 #   bash bench/gpu_check.sh der_seeds    # SEEDS der seeds (4) trained whole in one process, timed
 #   bash bench/gpu_check.sh pong     # Pong from scratch in one command, its curve (resumes)
@@ -22,7 +23,7 @@
 # into $OUT/logs.tgz after every step, so they come back even if the command is cut off.
 # Wheels that the machine lacks (gymnasium, ale-py) are installed from .whl/ if present.
 set -u
-phase=${1:?usage: bash bench/gpu_check.sh tests|verify|sanitize|bench|atari|seeds|der|der_seeds|atari_seeds|pong|figures}
+phase=${1:?usage: bash bench/gpu_check.sh tests|verify|sanitize|bench|atari|seeds|der|der_parts|der_seeds|atari_seeds|pong|figures}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}
@@ -100,6 +101,17 @@ wall_time_s) s"
         cp "$1/result.json" "$LOGS/cartpole_cuda_result.json"
         pack
     fi
+}
+
+# der_parts: where a der step's time goes on cuda (bench.atari's breakdown, one env,
+# Krull), with the frames on the host (pinned staging) and in GPU memory.
+der_parts() {
+    for frames in pinned device; do
+        step "bench_atari_der_$frames" 60 $PY -m bench.atari --env KrullNoFrameskip-v4 \
+            --config der --envs 1 --breakdown --no-sps --device cuda \
+            --set "replay_storage=$frames"
+        sed -n '/^|/p' "$LOGS/bench_atari_der_$frames.log"
+    done
 }
 
 {
@@ -244,6 +256,10 @@ atari_seeds)
         --set eval_envs=1 --set log_interval=100
     sed -n '/^|/p' "$LOGS/atari_seeds.log"
     ;;
+der_parts)
+    # After `der` in a lease: where the 3.6 ms of a der step go, both ways (about 2 min).
+    der_parts
+    ;;
 der_seeds)
     # SEEDS der seeds of Krull (default 4) trained whole in one process on cuda, their
     # final 100 episodes included, timed: the stacked run end to end, with S from what the
@@ -343,12 +359,7 @@ figures)
     step bench_seed_group 240 $PY -m bench.seed_group speed --seeds 256 --steps 2000 \
         --device cuda
     sed -n '/^|/p' "$LOGS/bench_seed_group.log"
-    for frames in pinned device; do
-        step "bench_atari_der_$frames" 60 $PY -m bench.atari --env KrullNoFrameskip-v4 \
-            --config der --envs 1 --breakdown --no-sps --device cuda \
-            --set "replay_storage=$frames"
-        sed -n '/^|/p' "$LOGS/bench_atari_der_$frames.log"
-    done
+    der_parts
     ;;
 *)
     echo "unknown phase $phase" >&2
