@@ -492,10 +492,11 @@ def _piece_values(result: dict[str, Any], key: str) -> list[str | None] | None:
     return list(dict.fromkeys(piece.get(key) for piece in pieces))
 
 
-def wall_times(runs: Sequence[dict[str, Any]]) -> list[str]:
+def wall_times(runs: Sequence[dict[str, Any]], arm: str | None = None) -> list[str]:
     """The training and final-evaluation wall times per run, as lines: by machine where
     each run trained on one known machine, then the rest together (a run resumed on other
-    hardware, or one recorded before runs kept their machine)."""
+    hardware, or one recorded before runs kept their machine). ``arm``: the arm that
+    ``runs`` are all of, named in each line."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         machines = r.get("machines") or [None]
@@ -508,7 +509,8 @@ def wall_times(runs: Sequence[dict[str, Any]]) -> list[str]:
         where = f"on {machine}" if machine else "on several or unrecorded machines"
         shares = [r["final_eval_s"] / r["wall_s"] for r in group if r["wall_s"] > 0]
         lines.append(
-            f"training wall time per run, {len(group)} run{'s' * (len(group) > 1)} {where}: median "
+            f"training wall time per run, {f'{arm}, ' if arm else ''}{len(group)} "
+            f"run{'s' * (len(group) > 1)} {where}: median "
             f"{np.median(walls) / 60:.1f} min [{min(walls) / 60:.1f}, {max(walls) / 60:.1f}]; "
             f"the final evaluation: median {np.median(evals) / 60:.1f} min "
             f"[{min(evals) / 60:.1f}, {max(evals) / 60:.1f}], a median "
@@ -832,7 +834,10 @@ def table(args: argparse.Namespace) -> str:
     if shares:
         lines += ["", "Share of training actions off the noise-free greedy ones (the floor's "
                   "and the noise's, or epsilon's), mean over each run's logs:", "", *shares]
-    lines += ["", *wall_times(runs), "", *machine_mix(runs, arms)]
+    # Per arm: an arm's final evaluations take their own time (stuck episodes run to the cap).
+    for arm in arms:
+        lines += ["", *wall_times([r for r in runs if r["arm"] == arm], arm)]
+    lines += ["", *machine_mix(runs, arms)]
     return "\n".join(lines)
 
 

@@ -179,6 +179,8 @@ def test_wall_times_are_given_per_machine_and_runs_of_several_or_none_apart() ->
                                "median 30.0 min [20.0, 40.0]")  # fmt: skip
     assert lines[2].startswith("training wall time per run, 3 runs on several or unrecorded "
                                "machines: median 60.0 min [50.0, 70.0]")  # fmt: skip
+    named = atari100k.wall_times(runs[2:3], "der-floor")
+    assert named == [lines[0].replace("per run, 1 run", "per run, der-floor, 1 run")]
 
 
 def test_the_table_says_per_game_where_the_first_arm_is_ahead_level_or_behind(
