@@ -10,7 +10,7 @@
 #   bash bench/gpu_check.sh der      # one Atari 100k run of --config der on cuda (resumes)
 #   bash bench/gpu_check.sh der_parts  # where a der step's time goes on cuda, frames both ways
 #   bash bench/gpu_check.sh atari_seeds  # der seeds of one game stacked on cuda: steps/s by S
-#   bash bench/gpu_check.sh der_seeds    # SEEDS der seeds (4) trained whole in one process, timed
+#   bash bench/gpu_check.sh der_seeds    # SEEDS der seeds (2) trained whole in one process, timed
 #   bash bench/gpu_check.sh pong     # Pong from scratch in one command, its curve (resumes)
 #   bash bench/gpu_check.sh figures  # the figures docs/performance.md lacks, in one command
 #
@@ -261,7 +261,7 @@ der_parts)
     der_parts
     ;;
 der_seeds)
-    # SEEDS der seeds of Krull (default 4) trained whole in one process on cuda, their
+    # SEEDS der seeds of Krull (default 2) trained whole in one process on cuda, their
     # final 100 episodes included, timed: the stacked run end to end, with S from what the
     # atari_seeds phase's figures say fits one command. A group refuses eval_vector async
     # (each seed would start workers of its own), so its evaluations step in ale-py's
@@ -271,7 +271,7 @@ der_seeds)
     r=$RUNS/der_seeds
     rm -rf "$r"
     step der_seeds "${LIMIT:-540}" $PY run.py --env KrullNoFrameskip-v4 --config der \
-        --seeds "${SEEDS:-4}" --device "${DEVICE:-cuda}" --run-dir "$r" --no-progress \
+        --seeds "${SEEDS:-2}" --device "${DEVICE:-cuda}" --run-dir "$r" --no-progress \
         --set eval_vector=ale ${STEPS:+--set total_steps=$STEPS --set learning_starts=200 \
         --set final_episodes=1 --set eval_envs=1 --set eval_interval=0}
     for f in "$r"/seed_*/result.json; do
