@@ -467,7 +467,8 @@ class CapturedUpdate:
         fields = [torch.empty_like(t).copy_(t) for t in batch.learned]
         self.static = Batch(*fields[:6], None, fields[6] if len(fields) > 6 else None)
         saved = _learner_state(learner, self.generators)
-        # (a capture seam that takes no generators, a test's, is called as it was)
+        # Generators go only to a capture that has some to register: the seam's other
+        # callers (and tests' stand-ins) take the function and its inputs alone.
         own = {"generators": self.generators} if self.generators else {}
         try:
             graph = self.capture(lambda _obs: learner.update(self.static),
@@ -487,9 +488,7 @@ class CapturedUpdate:
         self.graph = graph
 
 
-def _learner_state(
-    learner: _Updater, generators: Sequence[torch.Generator]
-) -> dict[str, Any]:
+def _learner_state(learner: _Updater, generators: Sequence[torch.Generator]) -> dict[str, Any]:
     """Everything an update changes, copied: networks, optimizer, metrics, RNG streams."""
     nets = [learner.q_network, learner.target_network]
     device = learner.running.sums.device
