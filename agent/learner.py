@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from agent.acting.graph import CaptureFn
 from agent.noisy import NoiseBuffers, noise_switched, noisy_layers
 from agent.numpy_backend import GradientSink, NumpyProgram, Unsupported, compiled_or_none
 from agent.objectives import BatchLike, make_objective, td_loss, td_loss_numpy
@@ -431,7 +432,7 @@ class CapturedUpdate:
     def __init__(
         self,
         learner: _Updater,
-        capture: Any,
+        capture: CaptureFn | None,
         generators: Sequence[torch.Generator] = (),
     ) -> None:
         self.learner, self.capture = learner, capture
@@ -467,12 +468,9 @@ class CapturedUpdate:
         fields = [torch.empty_like(t).copy_(t) for t in batch.learned]
         self.static = Batch(*fields[:6], None, fields[6] if len(fields) > 6 else None)
         saved = _learner_state(learner, self.generators)
-        # Generators go only to a capture that has some to register: the seam's other
-        # callers (and tests' stand-ins) take the function and its inputs alone.
-        own = {"generators": self.generators} if self.generators else {}
         try:
             graph = self.capture(lambda _obs: learner.update(self.static),
-                                 (self.static.obs,), **own)  # fmt: skip
+                                 (self.static.obs,), generators=self.generators)  # fmt: skip
         except Exception as e:  # an op that cannot be captured: say so, and go on eagerly
             _restore_learner_state(learner, saved, self.generators)
             self.capture = None

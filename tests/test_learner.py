@@ -528,7 +528,7 @@ def test_the_td_loss_is_one_definition_for_both_backends(kind: str) -> None:
 def test_a_capture_that_fails_warns_once_and_leaves_eager_updates_unchanged() -> None:
     from agent.learner import CapturedUpdate
 
-    def refuse(fn, static_inputs):  # type: ignore[no-untyped-def]
+    def refuse(fn, static_inputs, generators=()):  # type: ignore[no-untyped-def]
         fn(*static_inputs)  # a warm-up ran before the capture failed
         raise RuntimeError("operation not permitted when stream is capturing")
 

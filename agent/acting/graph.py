@@ -8,11 +8,11 @@ the graph (graph-safe Philox), so every replay gets fresh noise, bit-identical t
 eager with the same generator state. The graph reads the parameters by address, so
 optimizer steps and ``load_state_dict`` (in-place copies) are seen without re-capture.
 
-Capture sits behind a small seam, ``graph = capture_fn(fn, static_inputs)`` with
-``graph.replay()`` and ``graph.output``, so that :func:`capture_eager` (a stand-in
-that re-runs ``fn`` over the same static buffers on replay) can test the graph
-orchestration on a machine without a GPU. The eager backend runs the same function
-as the graph, under ``torch.inference_mode()``.
+Capture sits behind a small seam, ``graph = capture_fn(fn, static_inputs,
+generators=())`` with ``graph.replay()`` and ``graph.output``, so that
+:func:`capture_eager` (a stand-in that re-runs ``fn`` over the same static buffers on
+replay) can test the graph orchestration on a machine without a GPU. The eager backend
+runs the same function as the graph, under ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,16 @@ class CapturedGraph(Protocol):
     def replay(self) -> None: ...
 
 
-CaptureFn = Callable[[Callable[..., torch.Tensor], Sequence[torch.Tensor]], CapturedGraph]
+class CaptureFn(Protocol):
+    """The seam: ``capture(fn, static_inputs, generators=...)``; ``generators``: CUDA
+    generators ``fn`` draws from besides the default one (a seed group's own streams)."""
+
+    def __call__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        static_inputs: Sequence[torch.Tensor],
+        generators: Sequence[torch.Generator] = (),
+    ) -> CapturedGraph: ...
 
 
 class _EagerReplay:
