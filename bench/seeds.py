@@ -42,8 +42,8 @@ from agent.learner import CapturedUpdate, Learner
 from agent.networks import QNetwork
 from agent.replay import Batch
 from agent.seeds import NoiseDraw, SeedLearner, stack_networks, stacked_noisy_layers
+from agent.seeds.group import stacked_greedy
 from agent.setup import build_q_network, learner_settings, limit_cpu_threads, update_capture
-from agent.values import greedy_actions, support_of
 from bench.acting import machine, time_calls
 
 HIDDEN, BATCH, LR = (128, 128), 32, 1e-4
@@ -85,10 +85,8 @@ def variants(seeds: int, device: torch.device) -> dict[str, tuple[object, int]]:
     stacked_batch = make_batch((seeds, BATCH), device)
     stacked_obs = np.zeros((seeds, 1, 4), dtype=np.float32)
 
-    def act_stacked() -> np.ndarray:
-        with torch.inference_mode():
-            q = stacked(torch.from_numpy(stacked_obs).to(device))
-            return q.argmax(dim=2).cpu().numpy()
+    def act_stacked() -> np.ndarray:  # the acting noise held, as within an episode
+        return stacked_greedy(stacked, stacked_obs, device)
 
     return {
         f"update, one seed ({learner.backend})": (lambda: learner.update(batch), 1),
@@ -174,9 +172,7 @@ def der_acting(seeds: int, device: torch.device,
 
     def act_stacked() -> np.ndarray:
         draw(generators)
-        with torch.inference_mode():
-            q = stacked(torch.from_numpy(frames).to(device))  # (S, 1, A, N)
-            return greedy_actions(q, support_of(stacked)).cpu().numpy()
+        return stacked_greedy(stacked, frames, device)
 
     return {
         f"act, one seed ({selector.backend})": (lambda: selector(frame), 1),

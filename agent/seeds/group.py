@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from agent import streams
@@ -67,6 +68,7 @@ __all__ = [
     "check_groupable",
     "check_memory",
     "resume_groups",
+    "stacked_greedy",
     "stream_generator",
     "train_group",
 ]
@@ -76,6 +78,14 @@ GROUP_KEY = "seed_group"
 
 # A stacked seed's acting and update noise (agent/streams.py).
 ACT_STREAM, UPDATE_STREAM = streams.GROUP_ACT, streams.GROUP_UPDATE
+
+
+@torch.inference_mode()
+def stacked_greedy(q_network: nn.Module, obs: np.ndarray, device: torch.device) -> np.ndarray:
+    """A stacked network's greedy actions ``(S, n)`` for each seed's observations ``obs``
+    ``(S, n, *obs_shape)``, under its noise as it stands (one forward, one host read)."""
+    output = q_network(torch.from_numpy(obs).to(device))  # (S, n, A[, N])
+    return greedy_actions(output, support_of(q_network)).cpu().numpy()
 
 
 def stream_generator(seed: int, stream: int, device: torch.device) -> torch.Generator:
@@ -210,12 +220,8 @@ class SeedStack:
         with noise_switched(self._layers, False):
             return self._greedy(obs)
 
-    @torch.inference_mode()
     def _greedy(self, obs: list[np.ndarray]) -> np.ndarray:
-        """The stack's greedy actions ``(S, n)`` under its noise as it stands."""
-        stacked = torch.from_numpy(np.stack(obs)).to(self.device)  # (S, n, *obs_shape)
-        output = self.q_network(stacked)  # (S, n, A[, N])
-        return greedy_actions(output, support_of(self.q_network)).cpu().numpy()
+        return stacked_greedy(self.q_network, np.stack(obs), self.device)
 
     def update(self, batches: list[Batch]) -> None:
         """One gradient step per seed, seed ``i`` on ``batches[i]``; each seed's replay
