@@ -212,9 +212,11 @@ class Config:
     network, the fastest for small networks on a CPU), ``torch`` (autograd: any network,
     any device), ``compile`` (the same autograd update with its loss and backward compiled
     by ``torch.compile``, on a CPU only: the run prints how long compiling took, or, where
-    it cannot compile, says so in one line and runs the torch update) or ``auto``: numpy
-    where it applies (CPU, the layers it knows), torch elsewhere (a CPU network it cannot
-    compile is named in one warning; ``numpy`` on one is an error). All compute the same
+    it cannot compile, says so in one line and runs the torch update) or ``auto``: on a
+    CPU ``compile`` for the Atari torsos (der, nature) over a run of 50,000 updates or
+    more, which pays for compiling; else numpy where it applies (CPU, the layers it
+    knows), torch elsewhere (a CPU network it cannot compile is named in one warning;
+    ``numpy`` on one is an error). All compute the same
     update up to float rounding, so their trajectories differ; the one that ran is written
     to config.yaml, result.json and the hparams."""
     learner_autocast: Literal["none", "bfloat16"] = "none"

@@ -228,15 +228,14 @@ class Learner:
         return self._loss_of(batch)
 
     def _loss_of(self, batch: BatchLike) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        batch_size = batch.obs.shape[0]
-        # One online forward over obs and next_obs together: half the per-call overhead
-        # of two forwards, and the same noise for both halves (as in Rainbow).
-        obs_both = torch.cat([batch.obs, batch.next_obs])
-        out_both = self.update_noise_buffers.forward(obs_both)  # (2B, A) or (2B, A, N)
-        out, out_next_online = out_both[:batch_size], out_both[batch_size:].detach()
+        forward = self.update_noise_buffers.forward  # the online network, update noise
+        out = forward(batch.obs)  # (B, A) or (B, A, N)
+        # next_obs's online values (double DQN's chooser, the same noise as out, as in
+        # Rainbow) in a forward of their own without autograd: in one forward with obs
+        # the backward would run every layer over both halves, one of them all zeros.
         with torch.no_grad():
             out_next_target = self.target_network(batch.next_obs)
-        chooser = out_next_online if self.double_dqn else out_next_target
+            chooser = forward(batch.next_obs) if self.double_dqn else out_next_target
         return td_loss(self.objective, out, chooser, out_next_target, batch)
 
     def _update(self, batch: BatchLike) -> torch.Tensor:

@@ -60,6 +60,7 @@ __all__ = [
     "describe_software",
     "hold_run_dir",
     "learner_autocast",
+    "learner_backend",
     "learner_settings",
     "limit_cpu_threads",
     "prepare_run",
@@ -277,7 +278,7 @@ def build_agent(
             q_network,
             target_network,
             **learner_settings(cfg, exploration.noisy),
-            backend=cfg.learner_backend,
+            backend=learner_backend(cfg, q_network.torso_name, device),
             announce=None if echo is None else above_bars(echo),
             autocast=learner_autocast(cfg),
         )
@@ -316,6 +317,23 @@ def learner_settings(cfg: Config, noise: bool) -> dict[str, Any]:
     keys = ("lr", "adam_eps", "double_dqn", "loss", "huber_delta", "max_grad_norm", "tau",
             "update_noise")
     return {k: getattr(cfg, k) for k in keys} | {"noise": noise}
+
+
+# Torsos whose update the compiled autograd update runs faster than the numpy engine, and
+# the updates a run needs to pay back compiling it (up to a minute on a 2-core VM, against
+# 1-1.5 ms saved an update): docs/performance.md#compiled-update.
+COMPILED_TORSOS = ("der", "nature")
+COMPILE_MIN_UPDATES = 50_000
+
+
+def learner_backend(cfg: Config, torso: str, device: torch.device) -> str:
+    """The learner backend a run asks for: ``learner_backend``, where ``auto`` on a CPU takes
+    ``compile`` for a torso of ``COMPILED_TORSOS`` over a run of at least
+    ``COMPILE_MIN_UPDATES`` updates (counted over the whole run, so a resume keeps it)."""
+    if cfg.learner_backend != "auto" or device.type != "cpu" or torso not in COMPILED_TORSOS:
+        return cfg.learner_backend
+    updates = max(0, cfg.total_steps - cfg.learning_starts) // cfg.train_freq
+    return "compile" if updates >= COMPILE_MIN_UPDATES else "auto"
 
 
 def learner_autocast(cfg: Config) -> torch.dtype | None:

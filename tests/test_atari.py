@@ -317,7 +317,7 @@ def test_frame_replay_switch_and_resume(tmp_path: Path) -> None:
     assert torch.equal(a["replay"]["valid"], b["replay"]["valid"])
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("backend", ["numpy", "torch", "compile"])
 def test_augmented_batches_train_and_resume_exactly(tmp_path: Path, backend: str) -> None:
     """augment: shift on both learner paths: the shift changes what is learned, and a run
     resumed halfway (the augmentation's generator in last.pt) is the straight run."""

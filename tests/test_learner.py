@@ -159,6 +159,19 @@ def test_with_update_noise_0_a_step_is_the_mean_network_s_step(backend: str) -> 
     assert all(layer.noise_enabled for layer in noisy_layers(plain_net))
 
 
+@pytest.mark.parametrize("double_dqn", [True, False])
+def test_the_backward_runs_over_the_batch_rows_it_learns_from_only(double_dqn: bool) -> None:
+    # The online network runs with autograd on obs alone; next_obs's values (double DQN's
+    # chooser) without it, and not at all without double DQN: no backward over a zero half.
+    learner = _learner(backend="torch", double_dqn=double_dqn)
+    calls: list[tuple[int, bool]] = []
+    learner.q_network.register_forward_hook(
+        lambda m, i, o: calls.append((i[0].shape[0], o.requires_grad))
+    )
+    learner.update(_batch(b=16))
+    assert calls == [(16, True)] + ([(16, False)] if double_dqn else [])
+
+
 def test_negative_update_noise_is_refused() -> None:
     with pytest.raises(ValueError, match="update_noise must be >= 0"):
         _learner(update_noise=-0.5)
@@ -178,7 +191,8 @@ def test_update_noise_scales_the_noise_the_update_runs_with() -> None:
             )
         torch.manual_seed(7)
         learner.update(_batch())
-    assert len(seen[1.0]) == len(seen[0.5]) == 2  # the online and the target forward
+    # online (obs), target, online again (next_obs: double DQN's chooser)
+    assert len(seen[1.0]) == len(seen[0.5]) == 3
     for full, half in zip(seen[1.0], seen[0.5], strict=True):
         torch.testing.assert_close(half, 0.5 * full)
 

@@ -923,6 +923,27 @@ def test_capture_graph_reaches_both_selectors() -> None:
         assert agent.selector.capture_graph is flag and agent.greedy.capture_graph is flag
 
 
+def test_auto_compiles_an_atari_torsos_update_on_a_cpu_where_the_run_pays_for_it() -> None:
+    # The compiled update beats the numpy engine on the Atari torsos; compiling takes up
+    # to a minute, so a short run keeps the numpy engine, as MinAtar's and MLPs always do.
+    from agent.train import build_agent
+    from envs.make import EnvSpec
+
+    frames = EnvSpec("BreakoutNoFrameskip-v4", (4, 84, 84), "uint8", 4, None, None)
+    grid = EnvSpec("MinAtar/Breakout-v1", (4, 10, 10), "float32", 3, None, None)
+
+    def backend(spec: EnvSpec, preset: str | None, **overrides: object) -> str:
+        cfg = load_config(spec.env_id, preset, overrides={"buffer_size": 2_000, **overrides})
+        return build_agent(cfg, spec, torch.device("cpu"), eval_envs=1).learner.backend
+
+    assert backend(frames, "der") == "compile"  # 100k steps, one update a step
+    assert backend(frames, "drq-epsilon") == "compile"  # the Nature CNN
+    assert backend(frames, "der", total_steps=20_000) == "numpy"
+    assert backend(frames, "der", learner_backend="numpy") == "numpy"  # a key is kept
+    assert backend(frames, "der", learner_backend="torch") == "torch"
+    assert backend(grid, None, total_steps=5_000_000, train_freq=1) == "numpy"
+
+
 def test_training_limits_numpy_blas_to_torch_threads_and_restores_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
