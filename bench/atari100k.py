@@ -8,9 +8,12 @@ settings, run unmodified through ``--shim``, which maps its ``atari_py`` import 
 ale-py) in one invocation, one thread each, one process at a time. A learning step is an
 agent step with its update: each command runs twice, to 1,600 + ``--short`` and to
 1,600 + ``--long`` steps, and the difference of the two wall times over the difference
-of the steps cancels start-up, the warm-up before learning and any evaluation. Beside
-them: one update of ours alone, and the floor a core's matrix-product speed puts under
-it (the multiply-adds of the three forward passes and the backward of an update).
+of the steps cancels start-up, the warm-up before learning, compiling and any
+evaluation. Both run with the learner backend a whole 100k-step run takes (on a CPU the
+compiled update: ``whole_run_backend``), not the numpy engine that runs so short
+would take. Beside them: one update of ours alone, and the floor a core's
+matrix-product speed puts under it (the multiply-adds of the three forward passes and
+the backward of an update).
 
     python -m bench.atari100k speed --arms der,der-epsilon --repeats 3
 
@@ -69,7 +72,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ARMS", "GAMES", "der_batch", "der_learner", "median_ms", "speed", "update_ms"]
+__all__ = ["ARMS", "GAMES", "der_batch", "der_learner", "median_ms", "speed", "update_ms",
+           "whole_run_backend"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARN_START = 1600  # DER's, ours and the peer's
@@ -204,9 +208,9 @@ def core_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e9
 
 
-def der_learner(n_actions: int, noisy: bool = True) -> Any:
+def der_learner(n_actions: int, noisy: bool = True, backend: str = "auto") -> Any:
     """A DER network (``der``'s, or without its noisy layers as ``der-epsilon``) and its
-    learner, seeded, on the CPU."""
+    learner with ``backend``, seeded, on the CPU."""
     import copy
 
     from agent.learner import Learner
@@ -216,7 +220,8 @@ def der_learner(n_actions: int, noisy: bool = True) -> Any:
     net = QNetwork((4, 84, 84), n_actions, (256,), torso="der", dueling=True,
                    noisy_layers="all" if noisy else "none", sigma0=0.1, num_atoms=51,
                    input_scale=255.0)  # fmt: skip
-    return Learner(net, copy.deepcopy(net).requires_grad_(False), lr=1e-4, noise=noisy)
+    return Learner(net, copy.deepcopy(net).requires_grad_(False), lr=1e-4, noise=noisy,
+                   backend=backend, announce=lambda _: None)  # fmt: skip
 
 
 def der_batch(n_actions: int, batch_size: int = 32) -> Any:
@@ -245,17 +250,28 @@ def median_ms(fn: Callable[[], Any], calls: int, warmup: int = 10) -> float:
     return float(np.median(times)) * 1e3
 
 
-def update_ms(n_actions: int, updates: int = 200) -> float:
+def update_ms(n_actions: int, updates: int = 200, backend: str = "auto") -> float:
     """The median wall time of one DER update of ours (batch 32 of random frames, the
-    numpy learner), one thread."""
+    learner ``backend``), one thread; a compiled one is compiled in its warm-up."""
     import contextlib
 
     from agent.setup import limit_cpu_threads
 
-    learner, batch = der_learner(n_actions), der_batch(n_actions)
+    learner, batch = der_learner(n_actions, backend=backend), der_batch(n_actions)
     with contextlib.ExitStack() as cleanup:
         limit_cpu_threads(1, cleanup)  # as training on a CPU
         return median_ms(lambda: learner.update(batch), updates)
+
+
+def whole_run_backend(arm: str) -> str:
+    """The learner backend a whole run of ``arm`` (its 100k steps) takes on a CPU: what
+    ``speed`` times, whose short runs would keep the numpy engine (agent.setup's rule)."""
+    from agent.config_files import load_config
+    from agent.networks import resolve_torso
+    from agent.setup import learner_backend
+
+    cfg = load_config("KrullNoFrameskip-v4", PRESET_OF.get(arm, "der"), ARMS[arm])
+    return learner_backend(cfg, resolve_torso((4, 84, 84), cfg.torso), torch.device("cpu"))
 
 
 def _ours(game: str, steps: int, work: Path, arm: str = "der") -> float:
@@ -267,7 +283,8 @@ def _ours(game: str, steps: int, work: Path, arm: str = "der") -> float:
     args = [sys.executable, "run.py", "--env", env_id, "--config", PRESET_OF.get(arm, "der"),
             "--total-steps",
             str(steps), "--set", "final_episodes=1", "--set", "eval_envs=1", "--set",
-            "eval_epsilon=1.0", *settings, "--run-dir", str(run_dir),
+            "eval_epsilon=1.0", *settings, "--set",
+            f"learner_backend={whole_run_backend(arm)}", "--run-dir", str(run_dir),
             "--no-progress"]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(args, cwd=ROOT, env={**os.environ, **ONE_THREAD}, check=True,
@@ -318,7 +335,8 @@ def speed(args: argparse.Namespace) -> dict:
     env_id = "".join(w.capitalize() for w in args.game.split("_")) + "NoFrameskip-v4"
     n_actions = int(gym.make(env_id).action_space.n)
     out["n_actions"] = n_actions
-    out["update_ms"] = update_ms(n_actions)
+    out["learner_backend"] = whole_run_backend(arms[0])
+    out["update_ms"] = update_ms(n_actions, backend=out["learner_backend"])
     out["core_gflops"] = core_gflops()
     out["update_gflop"] = der_flops(n_actions) / 1e9
     out["floor_ms"] = out["update_gflop"] / out["core_gflops"] * 1e3
@@ -333,7 +351,8 @@ def speed(args: argparse.Namespace) -> dict:
     if args.peer:
         print(f"  Kaixhin/Rainbow: {out['peer_ms_per_learning_step']:.1f} ms per learning step, "
               f"{out['peer_over_ours']:.2f}x ours")  # fmt: skip
-    print(f"  one update of ours alone: {out['update_ms']:.1f} ms; its matrix products are "
+    print(f"  one update of ours alone ({out['learner_backend']}): {out['update_ms']:.1f} ms; "
+          "its matrix products are "
           f"{out['update_gflop']:.2f} GFLOP, {out['floor_ms']:.1f} ms at this core's "
           f"{out['core_gflops']:.0f} GFLOP/s")  # fmt: skip
     return out

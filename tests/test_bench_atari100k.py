@@ -436,6 +436,23 @@ def test_speed_runs_each_repeat_of_an_arm_in_a_fresh_run_directory(tmp_path, mon
     assert all(w >= 0.0 for w in walls)
 
 
+def test_speed_times_the_learner_backend_a_whole_run_takes(tmp_path, monkeypatch) -> None:
+    # Its runs are short, where auto keeps the numpy engine; a 100k-step run compiles.
+    seen: list[list[str]] = []
+
+    def fake_run(args, **kwargs):
+        seen.append(args)
+        run_dir = Path(args[args.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True)
+        (run_dir / "result.json").write_text(json.dumps({"final_eval_wall_s": 0.0}))
+
+    monkeypatch.setattr(atari100k.subprocess, "run", fake_run)
+    for arm in ("der", "der-epsilon", "drq-epsilon"):
+        atari100k._ours("Krull", 2_100, tmp_path, arm)
+        assert atari100k.whole_run_backend(arm) == "compile"
+    assert all("learner_backend=compile" in args for args in seen)
+
+
 def test_the_screening_grid_gives_each_arm_its_normalised_difference_from_the_baseline() -> None:
     """Pong, seed 1: the baseline at 0.6 normalised, der at 0.85 (+0.25), a variant at 0.35
     (-0.25); seed 2 has no baseline run, so der's score there is shown and not compared.
