@@ -72,8 +72,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ARMS", "GAMES", "der_batch", "der_learner", "median_ms", "speed", "update_ms",
-           "whole_run_backend"]
+__all__ = ["ARMS", "GAMES", "der_batch", "der_learner", "learning_step_ms", "median_ms", "speed",
+           "update_ms", "whole_run_backend"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARN_START = 1600  # DER's, ours and the peer's
@@ -307,6 +307,25 @@ def _peer(peer: Path, shim: Path, game: str, steps: int, work: Path) -> float:
     return time.perf_counter() - start
 
 
+def learning_step_ms(
+    game: str, arms: list[str], steps: tuple[int, int], repeats: int, work: Path
+) -> dict[str, float]:
+    """Each arm's milliseconds per learning step: the difference of a run to ``steps[1]``
+    and one to ``steps[0]`` over the steps between them, the median over ``repeats``."""
+    # An untimed short run of each arm first: a compiled update is compiled there, into
+    # inductor's cache, so every timed run loads it alike and the difference cancels it.
+    # A cold compile in one timed run only would take tens of seconds off its difference.
+    for arm in arms:
+        _ours(game, steps[0], work, arm)
+    # Each arm's short and long runs, the arms interleaved, so drift hits them alike.
+    per_step: dict[str, list[float]] = {arm: [] for arm in arms}
+    for _ in range(repeats):
+        for arm in arms:
+            short, long = (_ours(game, n, work, arm) for n in steps)
+            per_step[arm].append((long - short) / (steps[1] - steps[0]) * 1e3)
+    return {arm: float(np.median(v)) for arm, v in per_step.items()}
+
+
 def speed(args: argparse.Namespace) -> dict:
     """Per learning step of ours and the peer's, one update of ours, and the floor."""
     steps = (LEARN_START + args.short, LEARN_START + args.long)
@@ -315,13 +334,8 @@ def speed(args: argparse.Namespace) -> dict:
     arms = args.arms.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        # Each arm's short and long runs, the arms interleaved, so drift hits them alike.
-        per_step: dict[str, list[float]] = {arm: [] for arm in arms}
-        for _ in range(args.repeats):
-            for arm in arms:
-                short, long = (_ours(args.game, n, work, arm) for n in steps)
-                per_step[arm].append((long - short) / learning * 1e3)
-        out["ms_per_learning_step"] = {a: float(np.median(v)) for a, v in per_step.items()}
+        out["ms_per_learning_step"] = learning_step_ms(args.game, arms, steps, args.repeats,
+                                                       work)  # fmt: skip
         out["ours_ms_per_learning_step"] = out["ms_per_learning_step"][arms[0]]
         if args.peer:
             peer = [_peer(Path(args.peer), Path(args.shim), args.game, n, work) for n in steps]

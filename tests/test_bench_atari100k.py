@@ -453,6 +453,21 @@ def test_speed_times_the_learner_backend_a_whole_run_takes(tmp_path, monkeypatch
     assert all("learner_backend=compile" in args for args in seen)
 
 
+def test_a_learning_step_is_timed_after_each_arm_has_compiled_once(tmp_path, monkeypatch) -> None:
+    # A run's wall time: 10 ms a step, plus 30 s where its arm's update is compiled cold
+    # (its first run). The difference of two timed runs must be the step alone.
+    compiled: set[str] = set()
+
+    def fake_ours(game, steps, work, arm="der"):
+        cold = arm not in compiled
+        compiled.add(arm)
+        return steps * 0.010 + (30.0 if cold else 3.0)
+
+    monkeypatch.setattr(atari100k, "_ours", fake_ours)
+    ms = atari100k.learning_step_ms("Krull", ["der", "der-epsilon"], (2_100, 4_100), 2, tmp_path)
+    assert ms == pytest.approx({"der": 10.0, "der-epsilon": 10.0})
+
+
 def test_the_screening_grid_gives_each_arm_its_normalised_difference_from_the_baseline() -> None:
     """Pong, seed 1: the baseline at 0.6 normalised, der at 0.85 (+0.25), a variant at 0.35
     (-0.25); seed 2 has no baseline run, so der's score there is shown and not compared.
