@@ -319,8 +319,8 @@ def learner_settings(cfg: Config, noise: bool) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in keys} | {"noise": noise}
 
 
-# Torsos whose compiled update beats the numpy engine's, and the updates that pay back
-# compiling it (up to a minute, against 1-1.5 ms saved an update): docs/performance.md.
+# Torsos whose compiled update beats the numpy engine's, and the updates a run needs to
+# pay back compiling it (the figures: docs/performance.md#compiled-update).
 COMPILED_TORSOS = ("der", "nature")
 COMPILE_MIN_UPDATES = 50_000
 

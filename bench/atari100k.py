@@ -314,7 +314,7 @@ def learning_step_ms(
     and one to ``steps[0]`` over the steps between them, the median over ``repeats``."""
     # An untimed short run of each arm first: a compiled update is compiled there, into
     # inductor's cache, so every timed run loads it alike and the difference cancels it.
-    # A cold compile in one timed run only would take tens of seconds off its difference.
+    # A cold compile in one timed run only would shorten the difference by the compile.
     for arm in arms:
         _ours(game, steps[0], work, arm)
     # Each arm's short and long runs, the arms interleaved, so drift hits them alike.
