@@ -319,7 +319,7 @@ def test_frame_replay_switch_and_resume(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", ["numpy", "torch", "compile"])
 def test_augmented_batches_train_and_resume_exactly(tmp_path: Path, backend: str) -> None:
-    """augment: shift on both learner paths: the shift changes what is learned, and a run
+    """augment: shift on every learner path: the shift changes what is learned, and a run
     resumed halfway (the augmentation's generator in last.pt) is the straight run."""
     base = {**IMAGE_RUN, "learner_backend": backend, "train_freq": 2, "torso": "der"}
     env = "envs.testing:NoisyDQN/Frames-v0"

@@ -924,8 +924,8 @@ def test_capture_graph_reaches_both_selectors() -> None:
 
 
 def test_auto_compiles_an_atari_torsos_update_on_a_cpu_where_the_run_pays_for_it() -> None:
-    # The compiled update beats the numpy engine on the Atari torsos; compiling takes up
-    # to a minute, so a short run keeps the numpy engine, as MinAtar's and MLPs always do.
+    # The compiled update beats the numpy engine on the Atari torsos, but compiling costs:
+    # a short run keeps the numpy engine, as MinAtar's and MLPs always do.
     from agent.train import build_agent
     from envs.make import EnvSpec
 
