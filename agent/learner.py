@@ -338,7 +338,6 @@ class _NumpyUpdate:
         self.target = target
         self._sums = learner.running.sums.numpy()  # the running metric sums, a view
         self._flat_grad = learner.optimizer.flat_grad.numpy()  # every gradient, a view
-        self._share_stage = bool(online.input_key) and online.input_key == target.input_key
 
     @classmethod
     def build(cls, learner: Learner) -> _NumpyUpdate:
@@ -368,10 +367,7 @@ class _NumpyUpdate:
         # the autograd path); backward reads only obs's rows of it.
         out_both = self.online.forward(np.concatenate([obs, next_obs]), tape=True)  # (2B, A[, N])
         out, out_next_online = out_both[:batch_size], out_both[batch_size:]
-        # The target reads next_obs's input stage (patches cut from frames) from the
-        # online forward's tape, when the two networks cut them alike.
-        stage = self.online.input_stage(slice(batch_size, None)) if self._share_stage else None
-        out_next_target = self.target.forward(next_obs, stage=stage)
+        out_next_target = self.target.forward(next_obs)
         chooser = out_next_online if learner.double_dqn else out_next_target
         loss, grad_out, errors, q_taken = td_loss_numpy(
             learner.objective, out, chooser, out_next_target, batch

@@ -111,10 +111,9 @@ class DataEfficientCNN(nn.Module):
     models in reinforcement learning?"): 32 filters 5x5 stride 5, then 64 filters 5x5
     stride 5, ReLU after each, no padding: 576 features from 84x84 frames.
 
-    Each convolution's stride equals its kernel, so it reads disjoint patches: a reshape
-    and a matrix product, which is how the numpy backend runs it. Takes ``(B, C, H, W)``
-    in the parameters' dtype, already scaled (:class:`QNetwork` divides 0-255 frames by
-    its ``input_scale`` before the torso).
+    Each convolution's stride equals its kernel, so it reads disjoint patches. Takes
+    ``(B, C, H, W)`` in the parameters' dtype, already scaled (:class:`QNetwork` divides
+    0-255 frames by its ``input_scale`` before the torso).
     """
 
     KERNEL = 5

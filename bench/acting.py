@@ -2,12 +2,14 @@
 
     python -m bench.acting            # full run (about a minute on CPU)
     python -m bench.acting --quick    # short run
+    python -m bench.acting --der      # also the DER preset's network on the CPU
 
 For each device (CPU always, CUDA when present), network (a 4-64-64-2 MLP as for
 CartPole, plain and noisy; the same noisy MLP written as a user would write it, a
 plain ``nn.Module`` with ``NoisyLinear`` attributes and a functional forward; on GPU
-also an Atari-shaped Nature-CNN) and batch size (num_envs 1 and 8), it times single
-calls of
+also an Atari-shaped Nature-CNN; with ``--der``, the network ``--config der`` builds for
+Krull, acting on the CPU as training does at 1 env and as evaluation does at 10) and
+batch size (num_envs 1 and 8), it times single calls of
 
 * eager: what a plain training loop does per step, under ``torch.inference_mode()``:
   observation to the device, ``reset_noise()`` if the network is noisy, forward,
@@ -35,9 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.acting import ActionSelector
+from agent.config_files import load_config
 from agent.networks import QNetwork
 from agent.noisy import NoisyLinear, reset_noise
-from agent.setup import cpu_name, describe_software, limit_cpu_threads
+from agent.setup import build_q_network, cpu_name, describe_software, limit_cpu_threads
 
 __all__ = ["machine", "make_obs", "time_calls"]
 
@@ -104,14 +107,25 @@ def make_obs(shape: tuple[int, ...], num_envs: int, rng: np.random.Generator) ->
 
 
 def make_case(
-    device: torch.device, shape: tuple[int, ...], noisy: bool, num_envs: int, user: bool = False
+    device: torch.device,
+    shape: tuple[int, ...],
+    noisy: bool,
+    num_envs: int,
+    user: bool = False,
+    der: bool = False,
 ) -> dict:
-    """One benchmark case: the two runners (eager, selector) and what to report about them."""
+    """One benchmark case: the two runners (eager, selector) and what to report about them.
+
+    ``der``: the network of ``--config der`` for Krull (18 actions) in place of a QNetwork
+    of the bench's own sizes."""
     torch.manual_seed(0)
     cnn = len(shape) == 3
     q_network: nn.Module
     if user:
         q_network = UserMLP().to(device)
+    elif der:
+        cfg = load_config("KrullNoFrameskip-v4", "der")
+        q_network = build_q_network(cfg, shape, 18, device, "uint8")
     else:
         q_network = QNetwork(
             shape,
@@ -122,7 +136,7 @@ def make_case(
         ).to(device)
     pool = make_obs(shape, num_envs, np.random.default_rng(0))
     eager = eager_actor(q_network, device, noisy)
-    selector = ActionSelector(q_network, shape, num_envs, device, noise=True)
+    selector = ActionSelector(q_network, shape, num_envs, device, noise=noisy)
     counter = [0]
 
     def next_obs() -> np.ndarray:
@@ -132,11 +146,12 @@ def make_case(
     return {
         "device": device.type,
         "network": ("user's " if user else "")
-        + ("Nature-CNN 4x84x84" if cnn else "MLP 4-64-64-2")
-        + (" noisy" if noisy else " plain"),
+        + ("DER preset 4x84x84" if der else "Nature-CNN 4x84x84" if cnn else "MLP 4-64-64-2")
+        + (" noisy" if noisy else " plain" if not der else " mean weights"),
         "noisy": noisy,
         "cnn": cnn,
         "user": user,
+        "der": der,
         "num_envs": num_envs,
         "selector": selector,
         "runners": {
@@ -183,6 +198,9 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats")
+    parser.add_argument("--der", action="store_true",
+                        help="also the DER preset's network on the CPU: noisy at 1 env (training), "
+                             "its mean weights at 10 (evaluation)")  # fmt: skip
     args = parser.parse_args()
     with contextlib.ExitStack() as cleanup:
         limit_cpu_threads(1, cleanup)  # as training on a CPU (the CUDA rows: one thread too)
@@ -205,6 +223,9 @@ def measure(args: argparse.Namespace) -> None:
             for noisy in (False, True)
             for num_envs in (1, 8)
         ] + [make_case(device, MLP_SHAPE, True, num_envs, user=True) for num_envs in (1, 8)]
+        if args.der and device.type == "cpu":
+            cases += [make_case(device, CNN_SHAPE, noisy, num_envs, der=True)
+                      for noisy, num_envs in ((True, 1), (False, 10))]  # fmt: skip
         run_cases(cases, calls, repeats, warmup)
         for row in cases:
             print(
@@ -233,7 +254,8 @@ def measure(args: argparse.Namespace) -> None:
             sel = {
                 (r["noisy"], r["cnn"]): r
                 for r in rows
-                if r["device"] == device.type and r["num_envs"] == num_envs and not r["user"]
+                if r["device"] == device.type and r["num_envs"] == num_envs
+                and not r["user"] and not r["der"]
             }
             user = next(
                 r for r in rows

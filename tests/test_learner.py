@@ -372,9 +372,8 @@ def _numpy_equals_autograd(
 
 @pytest.mark.parametrize("noisy", ["all", "none"])
 def test_numpy_updates_equal_autograd_updates_for_the_der_network(noisy: str) -> None:
-    """Data-efficient Rainbow (patch convolutions over uint8 frames, noisy dueling C51
-    heads, importance weights): the numpy update, whose target reads next_obs's patches
-    from the online forward, against autograd to 1e-10 in float64."""
+    """Data-efficient Rainbow (convolutions over uint8 frames, noisy dueling C51 heads,
+    importance weights): the numpy update against autograd to 1e-10 in float64."""
     torch.manual_seed(0)
     net = QNetwork((4, 30, 30), 3, (16,), torso="der", dueling=True, noisy_layers=noisy,
                    num_atoms=11, v_min=-3.0, v_max=3.0, input_scale=255.0,
@@ -584,7 +583,7 @@ def _image_batch(i: int, shape: tuple[int, ...], n: int, dtype: torch.dtype) -> 
 
 
 def test_compiled_updates_equal_the_numpy_engines_for_the_der_network() -> None:
-    """The DER network (patch convolutions, noisy dueling C51 heads, importance weights),
+    """The DER network (its convolutions, noisy dueling C51 heads, importance weights),
     float64: six compiled updates and a target sync equal the numpy engine's to 1e-9, and
     the run is told in one line how long compiling took."""
     torch.manual_seed(0)

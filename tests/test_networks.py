@@ -221,7 +221,7 @@ def test_small_images_get_minatars_torso_and_large_ones_the_nature_cnn() -> None
         torch.testing.assert_close(small(grids), small(grids.float()))
 
 
-def test_the_der_torso_is_two_patch_convolutions_over_scaled_frames() -> None:
+def test_the_der_torso_is_two_convolutions_with_their_kernel_as_stride_over_scaled_frames() -> None:
     net = QNetwork((4, 84, 84), 6, (256,), torso="der", dueling=True, noisy_layers="all",
                    input_scale=255.0)  # fmt: skip
     assert isinstance(net.torso, DataEfficientCNN) and net.torso.out_features == 576

@@ -126,21 +126,20 @@ def test_gradients_equal_autograd_through_stacked_convolutions() -> None:
 def test_gradients_equal_autograd_for_the_der_network(
     shape: tuple[int, ...], num_atoms: int, noisy: str, noise: bool
 ) -> None:
-    """Data-efficient Rainbow's torso (patch convolutions cut from the uint8 frames, then
-    scaled) and its dueling heads, to 1e-10 in float64; trailing rows and columns dropped."""
+    """Data-efficient Rainbow's torso (convolutions whose stride is their kernel, over uint8
+    frames cast and scaled) and its dueling heads, to 1e-10 in float64; trailing rows and
+    columns dropped."""
     torch.manual_seed(0)
     net = QNetwork(shape, 5, (16,), torso="der", dueling=True, noisy_layers=noisy,
                    num_atoms=num_atoms, input_scale=255.0, dtype=torch.float64)  # fmt: skip
     reset_noise(net)
     set_noise(net, noise)
     _check_against_autograd(net, shape, frames=True)
-    program = NumpyProgram.build(net)
-    assert program.input_key  # the patches are cut from the raw frames
 
 
-class PatchesBetweenLayers(nn.Module):
-    """Patch convolutions read by a convolution, a mean and a product (channels-last
-    outputs made channels-first for them), one scaled by a product on the input."""
+class ConvolutionsBetweenLayers(nn.Module):
+    """Convolutions, strided and padded, read by a convolution, a mean and a product, the
+    first over an input scaled by a product."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -157,7 +156,7 @@ class PatchesBetweenLayers(nn.Module):
 
 
 class InputReadTwice(nn.Module):
-    """The input feeds a patch convolution and a linear layer: no input chain."""
+    """The input feeds a convolution and a linear layer."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -170,25 +169,12 @@ class InputReadTwice(nn.Module):
         return self.out(self.flat(torch.relu(self.conv(x)))) + self.skip(self.flat(x))
 
 
-@pytest.mark.parametrize("module", [PatchesBetweenLayers, InputReadTwice])
-def test_gradients_equal_autograd_around_patch_convolutions(module: type) -> None:
+@pytest.mark.parametrize("module", [ConvolutionsBetweenLayers, InputReadTwice])
+def test_gradients_equal_autograd_around_convolutions(module: type) -> None:
     torch.manual_seed(0)
     net = module().double()
-    shape = (2, 9, 13) if module is PatchesBetweenLayers else (1, 6, 6)
+    shape = (2, 9, 13) if module is ConvolutionsBetweenLayers else (1, 6, 6)
     _check_against_autograd(net, shape)
-
-
-def test_a_program_takes_the_input_stage_of_another_with_the_same_key() -> None:
-    """The learner's target network reads next_obs's patches from the online forward."""
-    torch.manual_seed(0)
-    online = QNetwork((4, 30, 30), 3, (8,), torso="der", input_scale=255.0, dtype=torch.float64)
-    target = QNetwork((4, 30, 30), 3, (8,), torso="der", input_scale=255.0, dtype=torch.float64)
-    a, b = NumpyProgram.build(online), NumpyProgram.build(target)
-    assert a.input_key == b.input_key
-    x = np.random.default_rng(0).integers(0, 256, (6, 4, 30, 30), dtype=np.uint8)
-    a.forward(x, tape=True)
-    alone = b.forward(x[4:]).copy()
-    assert np.array_equal(b.forward(x[4:], stage=a.input_stage(slice(4, None))), alone)
 
 
 class Residual(nn.Module):

@@ -12,7 +12,7 @@ from torch import nn
 
 from agent.noisy import FACTORISED_MAX_ROWS, FACTORISED_MIN_WEIGHTS, NoisyLinear
 
-__all__ = ["GradientSink", "Linear", "PatchConv2d", "TorchConv2d", "Unsupported"]
+__all__ = ["GradientSink", "Linear", "TorchConv2d", "Unsupported"]
 
 Array = np.ndarray
 
@@ -84,8 +84,7 @@ def _view(t: torch.Tensor) -> Array:
 
 
 def _matmul(a: Array, b: Array) -> Array:
-    """``a @ b`` by PyTorch's CPU kernel (zero-copy): faster than numpy's BLAS on the
-    long, narrow products of patch convolutions (docs/performance.md)."""
+    """``a @ b`` by PyTorch's CPU kernel (zero-copy), whose threads the run sets."""
     return torch.from_numpy(a).matmul(torch.from_numpy(b)).numpy()
 
 
@@ -229,52 +228,3 @@ class TorchConv2d:
             [need_input, need_weight, need_bias and self.bias is not None],
         )
         return tuple(None if t is None else t.numpy() for t in grads)  # type: ignore[return-value]
-
-
-class PatchConv2d:
-    """The matrix product of a convolution that reads disjoint patches
-    (:mod:`agent.numpy_backend.patches`): ``(B, Ho, Wo, K)`` patches in, ``(B, Ho, Wo, O)``
-    out, over a live view of the weight.
-
-    ``channels_last``: the patches were cut from channels-last input and are ordered
-    ``(k, k, C)``; the weight ``(O, C, k, k)`` is permuted to match at every forward (a
-    copy of its few elements) and its gradient permuted back.
-    """
-
-    def __init__(self, layer: nn.Conv2d, sink: GradientSink | None, channels_last: bool) -> None:
-        self.weight = _view(layer.weight)  # (O, C, k, k)
-        self.bias = None if layer.bias is None else _view(layer.bias)
-        self.channels_last = channels_last
-        slot = sink.slot if sink is not None else (lambda p: None)
-        self.grad_slots = [slot(layer.weight), None if layer.bias is None else slot(layer.bias)]
-        self._weight_used = self.weight.reshape(len(self.weight), -1)
-
-    def _matrix(self) -> Array:
-        """The weight as ``(O, K)`` in the patches' order."""
-        if not self.channels_last:
-            return self.weight.reshape(len(self.weight), -1)  # a view: (C, k, k) order
-        return self.weight.transpose(0, 2, 3, 1).reshape(len(self.weight), -1)
-
-    def forward(self, p: Array) -> Array:
-        weight = self._matrix()
-        self._weight_used = weight
-        y = _matmul(p.reshape(-1, p.shape[-1]), weight.T)
-        if self.bias is not None:
-            y += self.bias
-        return y.reshape(*p.shape[:-1], len(weight))
-
-    def backward(self, g: Array, p: Array, need_input: bool, sink: GradientSink) -> Array | None:
-        """Weight and bias gradients into ``sink``; the patches' gradient when ``need_input``."""
-        out = g.shape[-1]
-        g2 = g.reshape(-1, out)
-        grad_input = _matmul(g2, self._weight_used).reshape(p.shape) if need_input else None
-        i_weight, i_bias = self.grad_slots
-        if i_weight is not None:
-            grad = _matmul(g2.T, p.reshape(-1, p.shape[-1]))  # (O, K)
-            o, c, kh, kw = self.weight.shape
-            if self.channels_last:
-                grad = grad.reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
-            sink.add(i_weight, grad.reshape(o, c, kh, kw))
-        if i_bias is not None:
-            sink.add(i_bias, g2.sum(axis=0))
-        return grad_input

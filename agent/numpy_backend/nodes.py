@@ -1,7 +1,7 @@
 """The nodes of a numpy program: one kind per op the compiler knows (linear layers,
-convolutions, patch convolutions and the patches cut for them, activations, arithmetic,
-means, reshapes, casts), each a forward and a hand-written vector-Jacobian product over
-slots of the program's tape (:mod:`agent.numpy_backend.program`)."""
+convolutions, activations, arithmetic, means, reshapes, casts), each a forward and a
+hand-written vector-Jacobian product over slots of the program's tape
+(:mod:`agent.numpy_backend.program`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import torch.fx as fx
 from torch import nn
 
 from agent.noisy import NoisyLinear
-from agent.numpy_backend.layers import GradientSink, Linear, PatchConv2d, TorchConv2d, Unsupported
+from agent.numpy_backend.layers import GradientSink, Linear, TorchConv2d, Unsupported
 from agent.numpy_backend.ops import ACTIVATIONS, ACTIVATION_FUNCTIONS, relu_
-from agent.numpy_backend.patches import InputChain, patch_conv_geometry, patches, unpatch
 
 __all__ = [
     "Const",
@@ -26,16 +25,12 @@ __all__ = [
     "activation_node",
     "arithmetic_node",
     "cast_target",
-    "channels_first_node",
     "constant",
     "conv_node",
     "fresh_layer_output",
     "grad_flags",
-    "input_chains",
     "linear_node",
     "mean_node",
-    "patch_conv_node",
-    "patches_node",
     "reader",
     "reshape_node",
     "unflatten_node",
@@ -56,7 +51,7 @@ class Const:
 class Node:
     """One traced op: reads ``args`` (slot numbers, or constants), writes slot ``out``."""
 
-    __slots__ = ("args", "backward", "forward", "grad_args", "input_key", "out")
+    __slots__ = ("args", "backward", "forward", "grad_args", "out")
 
     def __init__(
         self,
@@ -65,130 +60,9 @@ class Node:
         forward: Callable[..., Array],
         backward: Callable[..., list[Array | None]],
         grad_args: list[bool],
-        input_key: tuple | None = None,
     ) -> None:
         self.out, self.args, self.forward, self.backward = out, args, forward, backward
         self.grad_args = grad_args  # which arguments (slots) need a gradient
-        # For a step of the input stage (a function of the input alone: no parameters),
-        # what it computes; None for every other node.
-        self.input_key = input_key
-
-
-def input_chains(module: nn.Module, graph: fx.Graph, dtype: np.dtype) -> dict[fx.Node, list]:
-    """The patch convolutions that read the input through a cast to floats and then
-    divisions or products by numbers, each step read by nothing else: conv node -> those
-    steps' nodes, in order. Only where every reader of the input starts such a chain (the
-    input then stays as it comes, uint8 frames, until the patches are cut): else none."""
-    (placeholder,) = [n for n in graph.nodes if n.op == "placeholder"] or [None]
-    if placeholder is None or not placeholder.users:
-        return {}
-    chains: dict[fx.Node, list] = {}
-    for head in placeholder.users:
-        if not (head.op == "call_method" and head.target in ("to", "float", "double")):
-            return {}
-        try:
-            cast_target(head)
-        except Unsupported:
-            return {}
-        chain, node = [head], head
-        while len(node.users) == 1:
-            (user,) = node.users
-            if user.op == "call_module" and patch_conv_geometry(
-                module.get_submodule(user.target)
-            ) is not None:
-                chains[user] = chain
-                break
-            scales = user.op == "call_function" and user.target in (
-                operator.truediv, operator.mul
-            )  # fmt: skip
-            numbers = [a for a in user.args if a is not node]
-            if not (scales and len(user.args) == 2 and not user.kwargs
-                    and len(numbers) == 1 and isinstance(numbers[0], int | float)
-                    and (user.target is operator.mul or user.args[0] is node)):  # fmt: skip
-                return {}
-            chain.append(user)
-            node = user
-        else:
-            return {}
-    return chains
-
-
-def _chain_steps(chain: list[fx.Node]) -> InputChain:
-    """The numpy steps of an input chain (:func:`input_chains`): the cast, then each scaling."""
-    steps: list[Callable[[Array], Array]] = []
-    cast: np.dtype | None = None  # a pending cast, done by the next scaling in one pass
-    for node in chain:
-        if node.op == "call_method":
-            if cast is not None:
-                steps.append(lambda x, t=cast: np.asarray(x, dtype=t))
-            cast = cast_target(node)
-            continue
-        (number,) = [a for a in node.args if not isinstance(a, fx.Node)]
-        ufunc = np.divide if node.target is operator.truediv else np.multiply
-        # The cast's dtype for the arithmetic: as casting first, without its array.
-        steps.append(lambda x, f=ufunc, c=number, t=cast: f(x, c, dtype=t))
-        cast = None
-    if cast is not None:
-        steps.append(lambda x, t=cast: np.asarray(x, dtype=t))
-    return InputChain(steps)
-
-
-def patches_node(
-    out: int,
-    source: int,
-    layer: nn.Conv2d,
-    channels_last: bool,
-    needs_grad: dict[int, bool],
-    chain: list[fx.Node] | None,
-) -> Node:
-    """Cut a patch convolution's input into its patches (through an input chain's steps)."""
-    k = patch_conv_geometry(layer)
-    assert k is not None
-    if layer.in_channels != layer.weight.shape[1] * layer.groups:
-        raise Unsupported("a grouped convolution")
-    steps = _chain_steps(chain) if chain else None
-
-    def forward(x: Array) -> Array:
-        p = patches(x, k, channels_last)
-        return p if steps is None else steps(p)
-
-    chain_key = None if chain is None else tuple(
-        (n.op, str(n.target), tuple(a for a in n.args if not isinstance(a, fx.Node)),
-         tuple(sorted((key, str(v)) for key, v in n.kwargs.items())))
-        for n in chain
-    )  # fmt: skip
-    return Node(
-        out,
-        [source],
-        forward,
-        lambda g, values, y: [unpatch(g, k, values[0].shape, channels_last)],
-        grad_flags([source], needs_grad),
-        input_key=("patches", k, channels_last, chain_key) if source == 0 else None,
-    )
-
-
-def patch_conv_node(
-    out: int, source: int, layer: PatchConv2d, needs_grad: dict[int, bool],
-    sink: GradientSink | None,
-) -> Node:  # fmt: skip
-    need_input = needs_grad[source]
-
-    def backward(g: Array, values: list[Array], y: Array) -> list[Array | None]:
-        assert sink is not None
-        return [layer.backward(g, values[0], need_input, sink)]
-
-    return Node(out, [source], layer.forward, backward, [need_input])
-
-
-def channels_first_node(out: int, source: int, needs_grad: dict[int, bool]) -> Node:
-    """(B, H, W, C) -> (B, C, H, W), for a reader that takes images channels-first."""
-    return Node(
-        out,
-        [source],
-        lambda x: np.ascontiguousarray(x.transpose(0, 3, 1, 2)),
-        lambda g, values, y: [g.transpose(0, 2, 3, 1)],
-        grad_flags([source], needs_grad),
-    )
 
 
 def constant(arg: Any) -> Const:
@@ -310,28 +184,13 @@ def activation_node(
     )
 
 
-def reshape_node(
-    out: int, args: list[Any], needs_grad: dict[int, bool], channels_last: bool = False
-) -> Node:
-    """Flatten to (B, -1); channels-last images in the channels-first order, as torch has them."""
-    if not channels_last:
-        return Node(
-            out,
-            args,
-            lambda x: x.reshape(x.shape[0], -1),
-            lambda g, values, y: [g.reshape(values[0].shape)],
-            grad_flags(args, needs_grad),
-        )
-
-    def backward(g: Array, values: list[Array], y: Array) -> list[Array | None]:
-        b, h, w, c = values[0].shape
-        return [g.reshape(b, c, h, w).transpose(0, 2, 3, 1)]
-
+def reshape_node(out: int, args: list[Any], needs_grad: dict[int, bool]) -> Node:
+    """Flatten to (B, -1)."""
     return Node(
         out,
         args,
-        lambda x: x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1),
-        backward,
+        lambda x: x.reshape(x.shape[0], -1),
+        lambda g, values, y: [g.reshape(values[0].shape)],
         grad_flags(args, needs_grad),
     )
 

@@ -41,27 +41,22 @@ import torch.fx as fx
 from torch import nn
 
 from agent.noisy import NoisyLinear
-from agent.numpy_backend.layers import GradientSink, Linear, PatchConv2d, Unsupported
+from agent.numpy_backend.layers import GradientSink, Linear, Unsupported
 from agent.numpy_backend.nodes import (
     Node,
     activation_call,
     activation_node,
     arithmetic_node,
     cast_target,
-    channels_first_node,
     constant,
     conv_node,
     fresh_layer_output,
-    input_chains,
     linear_node,
     mean_node,
-    patch_conv_node,
-    patches_node,
     reader,
     reshape_node,
     unflatten_node,
 )
-from agent.numpy_backend.patches import patch_conv_geometry
 from agent.numpy_backend.ops import (
     ACTIVATION_FUNCTIONS,
     ACTIVATION_METHODS,
@@ -79,10 +74,6 @@ T = TypeVar("T")
 class NotApplicable(Unsupported):
     """A module the numpy backend does not run on: another device or dtype, or a module
     that opts out. Expected: PyTorch runs it without a warning."""
-
-
-
-
 
 
 class _Tracer(fx.Tracer):
@@ -159,22 +150,10 @@ class NumpyProgram:
         sink: GradientSink | None,
         linears: list[Linear],
         switch: list[bool | None],
-        cast_input: bool = True,
     ) -> None:
         self.dtype = dtype
-        # False where every reader of the input casts it itself (patches cut from raw
-        # frames, :mod:`agent.numpy_backend.patches`).
-        self._cast_input = cast_input
         self._nodes = nodes
         self._forward = [(node.out, reader(node.forward, node.args)) for node in nodes]
-        # The input stage (patches cut from the input): what another program with the
-        # same stage can take instead of computing it again (:meth:`input_stage`).
-        self.input_key = tuple(node.input_key for node in nodes if node.input_key is not None)
-        self._stage_slots = [node.out for node in nodes if node.input_key is not None]
-        self._after_stage = [
-            (out, run) for (out, run), node in zip(self._forward, nodes, strict=True)
-            if node.input_key is None
-        ]  # fmt: skip
         self._output = output
         self._tape: list[Any] = [None] * (len(nodes) + 1)
         self._scratch: list[Any] = [None] * (len(nodes) + 1)
@@ -224,7 +203,6 @@ class NumpyProgram:
         *,
         tape: bool = False,
         noise: bool | None = None,
-        stage: Mapping[int, Array] | None = None,
     ) -> Array:
         """The module's output for ``x`` (cast to the parameters' dtype, as QNetwork does).
 
@@ -232,26 +210,14 @@ class NumpyProgram:
         its own forward does); True or False turns it on or off in every layer.
         ``tape=True`` keeps the intermediate values for :meth:`backward`; without it,
         scratch room is used and the tape of an earlier call stays intact (as long as the
-        noise and parameters do). ``stage``: the input stage for ``x``, already computed
-        by a program with the same :attr:`input_key` (:meth:`input_stage`).
+        noise and parameters do).
         """
         self._switch[0] = noise
         slots = self._tape if tape else self._scratch
-        slots[0] = np.asarray(x, dtype=self.dtype) if self._cast_input else np.asarray(x)
-        steps = self._forward
-        if stage is not None:
-            for out in self._stage_slots:
-                slots[out] = stage[out]
-            steps = self._after_stage
-        for out, run in steps:
+        slots[0] = np.asarray(x, dtype=self.dtype)
+        for out, run in self._forward:
             slots[out] = run(slots)
         return slots[self._output]
-
-    def input_stage(self, rows: slice) -> dict[int, Array]:
-        """The input stage of the last taped forward, for ``rows`` of its input: what
-        :meth:`forward` takes as ``stage`` in a program with the same :attr:`input_key`
-        (the learner's target network reads next_obs's patches from the online one's)."""
-        return {out: self._tape[out][rows] for out in self._stage_slots}
 
     def backward(self, grad_output: Array) -> None:
         """Add d(sum(grad_output * output))/d(param) into the sink, for the last taped forward.
@@ -305,17 +271,11 @@ class _Compiler:
         # slot -> the fewest dimensions its value can have: the input has a batch axis and
         # at least one more, so a dimension counted from the end is provably not the batch.
         self.rank: dict[int, int] = {0: 2}
-        # Slots holding channels-last images (B, H, W, C): the outputs of patch
-        # convolutions and of elementwise ops on them; any other reader gets them
-        # channels-first.
-        self.channels_last: set[int] = set()
         self.nodes: list[Node] = []
         self.linears: dict[str, Linear] = {}
         self.switch: list[bool | None] = [None]
 
     def compile(self, graph: fx.Graph) -> NumpyProgram:
-        chains = input_chains(self.module, graph, self.dtype)
-        in_chains = {n for chain in chains.values() for n in chain}
         output: int | None = None
         for node in graph.nodes:
             try:
@@ -323,73 +283,39 @@ class _Compiler:
                     if self.slot:
                         raise Unsupported("more than one input")
                     self.slot[node] = 0
-                elif node in in_chains:  # applied to the patches instead (input_chains)
-                    continue
                 elif node.op == "output":
                     if not isinstance(node.args[0], fx.Node):
                         raise Unsupported("output is not one tensor")
-                    output = self.channels_first(self.slot[node.args[0]])
+                    output = self.slot[node.args[0]]
                 elif any(isinstance(v, fx.Node) for v in node.kwargs.values()):
                     raise Unsupported("tensor keyword argument")
                 else:
-                    self.slot[node] = self.op(node, chains)
+                    self.slot[node] = self.op(node)
             except Unsupported as e:
                 where = node.target if node.op == "call_module" else f"node {node.name}"
                 raise Unsupported(f"{e} at {where}") from None
         if output is None:
             raise Unsupported("no output")
         return NumpyProgram(self.dtype, self.nodes, output, self.sink,
-                            list(self.linears.values()), self.switch,
-                            cast_input=not chains)  # fmt: skip
+                            list(self.linears.values()), self.switch)  # fmt: skip
 
-    def channels_first(self, arg: Any) -> Any:
-        """``arg`` as a (B, C, H, W) slot: a transpose node for a channels-last one."""
-        if type(arg) is not int or arg not in self.channels_last:
-            return arg
-        out = len(self.nodes) + 1
-        self.nodes.append(channels_first_node(out, arg, self.needs_grad))
-        self.needs_grad[out], self.rank[out] = self.needs_grad[arg], self.rank[arg]
-        return out
-
-    def patch_conv(self, node: fx.Node, sub: nn.Module, chains: dict) -> int:
-        """A patch convolution: its patches node, then its matrix product's."""
-        needs_grad = self.needs_grad
-        source = 0 if node in chains else self.slot[node.args[0]]
-        last = source in self.channels_last
-        self.nodes.append(patches_node(len(self.nodes) + 1, source, sub, last, needs_grad,
-                                       chains.get(node)))  # fmt: skip
-        p = len(self.nodes)
-        needs_grad[p], self.rank[p] = needs_grad[source], 4
-        layer = PatchConv2d(sub, self.sink, last)
-        out = len(self.nodes) + 1
-        self.nodes.append(patch_conv_node(out, p, layer, needs_grad, self.sink))
-        needs_grad[out] = any(i is not None for i in layer.grad_slots) or needs_grad[p]
-        self.rank[out] = 4
-        self.channels_last.add(out)
-        return out
-
-    def op(self, node: fx.Node, chains: dict) -> int:
+    def op(self, node: fx.Node) -> int:
         """The slot of one traced op: new nodes for it, or the slot it passes on."""
         module, needs_grad, rank = self.module, self.needs_grad, self.rank
         sub = module.get_submodule(node.target) if node.op == "call_module" else None
         kind = type(sub)
-        if node.op == "call_module" and patch_conv_geometry(sub) is not None:
-            return self.patch_conv(node, sub, chains)
-        args = [self.slot[a] if isinstance(a, fx.Node) else constant(a) for a in node.args]
-        keeps_layout = kind in ACTIVATION_MODULES or (
-            node.op == "call_function" and node.target in ACTIVATION_FUNCTIONS
-        ) or (node.op == "call_method" and node.target in ACTIVATION_METHODS)
+        cast = node.op == "call_method" and node.target in ("to", "float", "double")
+        # A cast's dtype argument is read by cast_target, not as a number.
+        read = node.args[:1] if cast else node.args
+        args = [self.slot[a] if isinstance(a, fx.Node) else constant(a) for a in read]
         flatten = kind is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1
-        if not keeps_layout and not flatten:
-            args = [self.channels_first(a) for a in args]
         out = len(self.nodes) + 1
         trainable = False  # the node's own parameters need a gradient
         if node.op == "call_module":
             if kind is nn.Identity:
                 return args[0]
             if flatten:
-                last = args[0] in self.channels_last
-                new = reshape_node(out, args, needs_grad, last)
+                new = reshape_node(out, args, needs_grad)
                 rank[out] = 2
             elif kind is nn.Conv2d:
                 new, trainable = conv_node(out, args, sub, needs_grad, self.sink)
@@ -422,7 +348,7 @@ class _Compiler:
             new, rank[out] = mean_node(out, args, dict(node.kwargs), needs_grad, rank[args[0]])
         elif node.op == "call_method" and node.target == "unflatten":
             new, rank[out] = unflatten_node(out, args, dict(node.kwargs), needs_grad, rank)
-        elif node.op == "call_method" and node.target in ("to", "float", "double"):
+        elif cast:
             target = cast_target(node)
             if target == self.dtype:
                 return args[0]  # already in the parameters' dtype: nothing to do
@@ -437,46 +363,4 @@ class _Compiler:
         needs_grad[out] = trainable or any(needs_grad[a] for a in args if type(a) is int)
         # Elementwise ops and layers keep (broadcast) the dimensions of their inputs.
         rank.setdefault(out, max([rank[a] for a in args if type(a) is int], default=0))
-        if keeps_layout and args[0] in self.channels_last:
-            self.channels_last.add(out)
         return out
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
