@@ -309,9 +309,9 @@ def _peer(peer: Path, shim: Path, game: str, steps: int, work: Path) -> float:
 
 def learning_step_ms(
     game: str, arms: list[str], steps: tuple[int, int], repeats: int, work: Path
-) -> dict[str, float]:
-    """Each arm's milliseconds per learning step: the difference of a run to ``steps[1]``
-    and one to ``steps[0]`` over the steps between them, the median over ``repeats``."""
+) -> dict[str, list[float]]:
+    """Each arm's milliseconds per learning step in each of ``repeats``: the difference of
+    a run to ``steps[1]`` and one to ``steps[0]`` over the steps between them."""
     # An untimed short run of each arm first: a compiled update is compiled there, into
     # inductor's cache, so every timed run loads it alike and the difference cancels it.
     # A cold compile in one timed run only would shorten the difference by the compile.
@@ -323,7 +323,7 @@ def learning_step_ms(
         for arm in arms:
             short, long = (_ours(game, n, work, arm) for n in steps)
             per_step[arm].append((long - short) / (steps[1] - steps[0]) * 1e3)
-    return {arm: float(np.median(v)) for arm, v in per_step.items()}
+    return per_step
 
 
 def speed(args: argparse.Namespace) -> dict:
@@ -334,8 +334,14 @@ def speed(args: argparse.Namespace) -> dict:
     arms = args.arms.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        out["ms_per_learning_step"] = learning_step_ms(args.game, arms, steps, args.repeats,
-                                                       work)  # fmt: skip
+        repeats = learning_step_ms(args.game, arms, steps, args.repeats, work)
+        out["ms_per_learning_step"] = {arm: float(np.median(v)) for arm, v in repeats.items()}
+        out["ms_per_learning_step_repeats"] = repeats
+        # The arms ran in turn within each repeat: each repeat's ratio is a pair.
+        out["ratio_repeats"] = {
+            arm: [a / b for a, b in zip(repeats[arms[0]], repeats[arm], strict=True)]
+            for arm in arms[1:]
+        }
         out["ours_ms_per_learning_step"] = out["ms_per_learning_step"][arms[0]]
         if args.peer:
             peer = [_peer(Path(args.peer), Path(args.shim), args.game, n, work) for n in steps]
@@ -359,9 +365,10 @@ def speed(args: argparse.Namespace) -> dict:
     print(f"  ours ({arms[0]}): {out['ours_ms_per_learning_step']:.1f} ms per learning step "
           f"(a 100k run: about {steps_min:.0f} min of learning)")  # fmt: skip
     for arm in arms[1:]:
-        ms = out["ms_per_learning_step"][arm]
+        ms, ratios = out["ms_per_learning_step"][arm], out["ratio_repeats"][arm]
         print(f"  {arm}: {ms:.1f} ms per learning step; {arms[0]} is "
-              f"{out['ours_ms_per_learning_step'] / ms:.2f}x it")  # fmt: skip
+              f"{out['ours_ms_per_learning_step'] / ms:.2f}x it (repeat by repeat: "
+              f"{', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
     if args.peer:
         print(f"  Kaixhin/Rainbow: {out['peer_ms_per_learning_step']:.1f} ms per learning step, "
               f"{out['peer_over_ours']:.2f}x ours")  # fmt: skip
