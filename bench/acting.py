@@ -39,7 +39,7 @@ from torch import nn
 from agent.acting import ActionSelector
 from agent.config_files import load_config
 from agent.networks import QNetwork
-from agent.noisy import NoisyLinear, reset_noise
+from agent.noisy import NoisyLinear, reset_noise, set_noise
 from agent.setup import build_q_network, cpu_name, describe_software, limit_cpu_threads
 
 __all__ = ["machine", "make_obs", "time_calls"]
@@ -126,6 +126,7 @@ def make_case(
     elif der:
         cfg = load_config("KrullNoFrameskip-v4", "der")
         q_network = build_q_network(cfg, shape, 18, device, "uint8")
+        set_noise(q_network, noisy)  # evaluation: both runners on the mean weights
     else:
         q_network = QNetwork(
             shape,
