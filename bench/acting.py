@@ -148,7 +148,7 @@ def make_case(
         "device": device.type,
         "network": ("user's " if user else "")
         + ("DER preset 4x84x84" if der else "Nature-CNN 4x84x84" if cnn else "MLP 4-64-64-2")
-        + (" noisy" if noisy else " plain" if not der else " mean weights"),
+        + (" noisy" if noisy else " mean weights" if der else " plain"),
         "noisy": noisy,
         "cnn": cnn,
         "user": user,
