@@ -37,8 +37,6 @@ import torch
 from agent.replay import ReplayBuffer
 from agent.setup import cpu_name
 
-GAMMA = 0.99
-
 
 class NumpyRing:
     """The baseline: a plain numpy ring buffer, n_step=1, uniform sampling with replacement."""

@@ -83,11 +83,6 @@ def _view(t: torch.Tensor) -> Array:
     return t.detach().numpy()
 
 
-def _matmul(a: Array, b: Array) -> Array:
-    """``a @ b`` by PyTorch's CPU kernel (zero-copy), whose threads the run sets."""
-    return torch.from_numpy(a).matmul(torch.from_numpy(b)).numpy()
-
-
 class Linear:
     """``nn.Linear`` or ``NoisyLinear``: y = x W^T + b, W = mu + sigma * eps when noisy.
 
