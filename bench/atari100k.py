@@ -683,10 +683,12 @@ def published_matrix(method: str, games: Sequence[str]) -> np.ndarray:
 def complete_cells(
     runs: Sequence[dict[str, Any]], arms: Sequence[str]
 ) -> tuple[list[str], list[int]]:
-    """The games and seeds that every arm has finished for all of them (the seeds of the
-    games present), so that the arms are compared on the same runs."""
+    """The games and seeds that every arm has finished for all of them, so that the arms
+    are compared on the same runs: the seeds every arm has run (on any game; a JSON may
+    hold more seeds of one arm than of another), then the games with all of them."""
     have = {_key(r) for r in runs}
-    seeds = sorted({int(r["seed"]) for r in runs})
+    seeds = sorted(set.intersection(*({int(r["seed"]) for r in runs if r["arm"] == a}
+                                      for a in arms)))  # fmt: skip
     games = [g.name for g in GAMES
              if all((g.name, a, s) in have for a in arms for s in seeds)]  # fmt: skip
     return games, seeds

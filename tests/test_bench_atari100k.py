@@ -83,6 +83,21 @@ def test_the_table_aggregates_per_game_means_beside_the_published_tables(
     assert "| DrQ as published |" in text and "| SPR as published |" in text
 
 
+def test_arms_are_compared_on_the_seeds_they_all_have() -> None:
+    """One JSON may hold more seeds of one arm than of another (the DrQ runs: drq-epsilon
+    on seeds 1-3, drq-noisy on 1-2): the two are compared on seeds 1-2, on every game both
+    have them for; a game one arm lacks a seed of drops out."""
+    runs = [{"game": game, "arm": arm, "seed": seed, "score": 0.0}
+            for game in ("Breakout", "Krull")
+            for arm, seeds in (("drq-epsilon", (1, 2, 3)), ("drq-noisy", (1, 2)))
+            for seed in seeds]  # fmt: skip
+    runs.append({"game": "Seaquest", "arm": "drq-epsilon", "seed": 1, "score": 0.0})
+    runs.append({"game": "Seaquest", "arm": "drq-noisy", "seed": 2, "score": 0.0})
+    assert atari100k.complete_cells(runs, ["drq-noisy", "drq-epsilon"]) == (
+        ["Breakout", "Krull"], [1, 2])
+    assert atari100k.complete_cells(runs, ["drq-epsilon"]) == (["Breakout", "Krull"], [1, 2, 3])
+
+
 def test_the_flop_count_is_the_networks_own_layers() -> None:
     net = QNetwork((4, 84, 84), 18, (256,), torso="der", dueling=True, num_atoms=51)
     x = torch.zeros(1, 4, 84, 84)
