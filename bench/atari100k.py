@@ -72,6 +72,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent.errors import UserError
+
 __all__ = ["ARMS", "GAMES", "der_batch", "der_learner", "learning_step_ms", "median_ms", "speed",
            "update_ms", "whole_run_backend"]
 
@@ -617,7 +619,7 @@ def report(args: argparse.Namespace) -> int:
         games = [BY_NAME[g] for g in args.games.split(",")] if args.games else list(GAMES)
         unknown = [a for a in arms if a not in ARMS]
         if unknown:
-            raise SystemExit(f"unknown arm {unknown[0]}: one of {', '.join(ARMS)}")
+            raise UserError(f"unknown arm {unknown[0]}: one of {', '.join(ARMS)}")
         have = {_key(r) for r in read_report(report_json)["runs"]}
         seeds = parse_seeds(args.seeds)
         overrides = parse_set(args.set or [])  # a smoke test's short runs; the report has none
@@ -690,7 +692,7 @@ def complete_cells(
     seeds = sorted(set.intersection(*({int(r["seed"]) for r in runs if r["arm"] == a}
                                       for a in arms)))  # fmt: skip
     games = [g.name for g in GAMES
-             if all((g.name, a, s) in have for a in arms for s in seeds)]  # fmt: skip
+             if seeds and all((g.name, a, s) in have for a in arms for s in seeds)]  # fmt: skip
     return games, seeds
 
 
@@ -832,13 +834,18 @@ def table(args: argparse.Namespace) -> str:
 
     unknown = [p for p in args.published.split(",") if p not in PUBLISHED]
     if unknown:
-        raise SystemExit(f"--published {unknown[0]}: one of {', '.join(PUBLISHED)}")
+        raise UserError(f"--published {unknown[0]}: one of {', '.join(PUBLISHED)}")
     data = read_report(Path(args.json))
-    runs = [r for r in data["runs"] if r["arm"] in args.arms.split(",")]
-    arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in runs)]
+    asked = args.arms.split(",")
+    runs = [r for r in data["runs"] if r["arm"] in asked]
+    arms = [a for a in asked if any(r["arm"] == a for r in runs)]
+    unknown = [a for a in asked if a not in arms and a not in ARMS]
+    if unknown:
+        raise UserError(f"unknown arm {unknown[0]}: one of {', '.join(ARMS)}")
     games, seeds = complete_cells(runs, arms)
     lines = [f"{len(games)} of 26 games with every arm on seeds "
              f"{', '.join(map(str, seeds))} ({len(runs)} runs in {args.json}):", ""]  # fmt: skip
+    lines[-1:-1] = [f"{a}: no runs in {args.json} yet, left out" for a in asked if a not in arms]
     if not games:
         return "\n".join([*lines, "nothing to aggregate yet"])
     matrices = {a: score_matrix(runs, a, games, seeds) for a in arms}
@@ -1034,6 +1041,15 @@ def main() -> None:
     g.add_argument("--json", default=str(ROOT / "bench" / "atari100k_screening.json"))
     g.add_argument("--baseline", default="der-epsilon")
     args = parser.parse_args()
+    try:
+        run_command(args)
+    except UserError as e:  # an arm or a label it does not know: one line, exit status 2
+        print(f"bench.atari100k {args.command}: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run_command(args: argparse.Namespace) -> None:
+    """The subcommand ``args`` name, run."""
     if args.command == "speed":
         out = speed(args)
         if args.json:

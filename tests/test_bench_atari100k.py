@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from agent.checkpoint import load_checkpoint
+from agent.errors import UserError
 from agent.networks import QNetwork
 from agent.setup import describe_machine, describe_software
 
@@ -96,6 +97,7 @@ def test_arms_are_compared_on_the_seeds_they_all_have() -> None:
     assert atari100k.complete_cells(runs, ["drq-noisy", "drq-epsilon"]) == (
         ["Breakout", "Krull"], [1, 2])
     assert atari100k.complete_cells(runs, ["drq-epsilon"]) == (["Breakout", "Krull"], [1, 2, 3])
+    assert atari100k.complete_cells(runs, ["drq-epsilon", "der"]) == ([], [])  # der: no runs
 
 
 def test_the_flop_count_is_the_networks_own_layers() -> None:
@@ -305,8 +307,31 @@ def test_the_per_game_rows_give_the_published_scores_asked_for(tmp_path: Path) -
             "published | DrQ as published | SPR as published | der-shift - der-shift-epsilon, "
             "paired") in text
     assert "| Breakout | 9.00, 9.00 (9.00) | 7.00, 7.00 (7.00) | 1.9 | 16.1 | 17.1 | +2.0" in text
-    with pytest.raises(SystemExit, match="--published DrQe: one of DER, DrQ, SPR"):
+    with pytest.raises(UserError, match="--published DrQe: one of DER, DrQ, SPR"):
         atari100k.table(argparse.Namespace(**{**vars(args), "published": "DER,DrQe"}))
+
+
+def test_the_table_names_an_arm_it_has_no_runs_of_and_refuses_one_it_does_not_know(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An arm of the machinery with no runs in the JSON yet is left out in a line that says
+    so; a name that is no arm (a typo) ends the command in one line with exit status 2."""
+    runs = [{"game": "Breakout", "arm": "der", "seed": seed, "score": 2.0, "wall_s": 60.0,
+             "final_eval_s": 6.0, "curve": []} for seed in (101, 102)]  # fmt: skip
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"runs": runs}))
+    args = argparse.Namespace(json=str(path), arms="der,der-floor", reps=100, published="DER")
+    text = atari100k.table(args)
+    assert f"der-floor: no runs in {path} yet, left out" in text
+    assert "| der | " in text and "der - der-floor" not in text
+    monkeypatch.setattr("sys.argv", ["atari100k", "table", "--json", str(path),
+                                     "--arms", "der,der-flor", "--reps", "100"])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        atari100k.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("bench.atari100k table: unknown arm der-flor: one of")
 
 
 def test_with_three_arms_the_first_is_paired_against_each_of_the_others(tmp_path: Path) -> None:
