@@ -617,9 +617,7 @@ def report(args: argparse.Namespace) -> int:
     else:
         arms = args.arms.split(",")
         games = [BY_NAME[g] for g in args.games.split(",")] if args.games else list(GAMES)
-        unknown = [a for a in arms if a not in ARMS]
-        if unknown:
-            raise UserError(f"unknown arm {unknown[0]}: one of {', '.join(ARMS)}")
+        refuse_unknown_arms(arms)
         have = {_key(r) for r in read_report(report_json)["runs"]}
         seeds = parse_seeds(args.seeds)
         overrides = parse_set(args.set or [])  # a smoke test's short runs; the report has none
@@ -682,6 +680,13 @@ def published_matrix(method: str, games: Sequence[str]) -> np.ndarray:
                     dtype=np.float64)  # fmt: skip
 
 
+def refuse_unknown_arms(names: Iterable[str]) -> None:
+    """Raise :class:`UserError` naming the first of ``names`` that is not an arm."""
+    unknown = [a for a in names if a not in ARMS]
+    if unknown:
+        raise UserError(f"unknown arm {unknown[0]}: one of {', '.join(ARMS)}")
+
+
 def complete_cells(
     runs: Sequence[dict[str, Any]], arms: Sequence[str]
 ) -> tuple[list[str], list[int]]:
@@ -689,8 +694,8 @@ def complete_cells(
     are compared on the same runs: the seeds every arm has run (on any game; a JSON may
     hold more seeds of one arm than of another), then the games with all of them."""
     have = {_key(r) for r in runs}
-    seeds = sorted(set.intersection(*({int(r["seed"]) for r in runs if r["arm"] == a}
-                                      for a in arms)))  # fmt: skip
+    each = [{int(r["seed"]) for r in runs if r["arm"] == a} for a in arms]
+    seeds = sorted(set.intersection(*each)) if each else []
     games = [g.name for g in GAMES
              if seeds and all((g.name, a, s) in have for a in arms for s in seeds)]  # fmt: skip
     return games, seeds
@@ -839,13 +844,12 @@ def table(args: argparse.Namespace) -> str:
     asked = args.arms.split(",")
     runs = [r for r in data["runs"] if r["arm"] in asked]
     arms = [a for a in asked if any(r["arm"] == a for r in runs)]
-    unknown = [a for a in asked if a not in arms and a not in ARMS]
-    if unknown:
-        raise UserError(f"unknown arm {unknown[0]}: one of {', '.join(ARMS)}")
+    refuse_unknown_arms([a for a in asked if a not in arms])  # an arm with runs is known
     games, seeds = complete_cells(runs, arms)
     lines = [f"{len(games)} of 26 games with every arm on seeds "
-             f"{', '.join(map(str, seeds))} ({len(runs)} runs in {args.json}):", ""]  # fmt: skip
-    lines[-1:-1] = [f"{a}: no runs in {args.json} yet, left out" for a in asked if a not in arms]
+             f"{', '.join(map(str, seeds))} ({len(runs)} runs in {args.json}):",
+             *(f"{a}: no runs in {args.json} yet, left out" for a in asked if a not in arms),
+             ""]  # fmt: skip
     if not games:
         return "\n".join([*lines, "nothing to aggregate yet"])
     matrices = {a: score_matrix(runs, a, games, seeds) for a in arms}

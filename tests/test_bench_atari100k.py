@@ -98,6 +98,7 @@ def test_arms_are_compared_on_the_seeds_they_all_have() -> None:
         ["Breakout", "Krull"], [1, 2])
     assert atari100k.complete_cells(runs, ["drq-epsilon"]) == (["Breakout", "Krull"], [1, 2, 3])
     assert atari100k.complete_cells(runs, ["drq-epsilon", "der"]) == ([], [])  # der: no runs
+    assert atari100k.complete_cells(runs, []) == ([], [])
 
 
 def test_the_flop_count_is_the_networks_own_layers() -> None:
@@ -324,6 +325,9 @@ def test_the_table_names_an_arm_it_has_no_runs_of_and_refuses_one_it_does_not_kn
     text = atari100k.table(args)
     assert f"der-floor: no runs in {path} yet, left out" in text
     assert "| der | " in text and "der - der-floor" not in text
+    alone = atari100k.table(argparse.Namespace(**{**vars(args), "arms": "der-floor"}))
+    assert f"der-floor: no runs in {path} yet, left out" in alone
+    assert "nothing to aggregate yet" in alone
     monkeypatch.setattr("sys.argv", ["atari100k", "table", "--json", str(path),
                                      "--arms", "der,der-flor", "--reps", "100"])  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:
