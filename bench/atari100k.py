@@ -745,8 +745,10 @@ def paired_difference(
     return out
 
 
-def _ci(point: float, low: float, high: float) -> str:
-    return f"{point:.3f} [{low:.3f}, {high:.3f}]"
+def _ci(point: float, low: float, high: float, signed: bool = False) -> str:
+    """A value and its interval to three decimals; ``signed`` (a difference) shows the +."""
+    f = "+.3f" if signed else ".3f"
+    return f"{point:{f}} [{low:{f}}, {high:{f}}]"
 
 
 def _seeds_text(seeds: Sequence[int]) -> str:
@@ -860,8 +862,8 @@ def table(args: argparse.Namespace) -> str:
     first, others = arms[0], arms[1:]
     for b in others:
         diff = paired_difference(matrices[first], matrices[b], reps=args.reps)
-        lines.append(f"| {first} - {b}, paired | " + " | ".join(_ci(*diff[m]) for m in METRICS)
-                     + " |")  # fmt: skip
+        cells = " | ".join(_ci(*diff[m], signed=True) for m in METRICS)
+        lines.append(f"| {first} - {b}, paired | {cells} |")
     # The same aggregates over one value a game, the arms' means of their seeds beside the
     # published tables' means, which have no runs to aggregate over.
     per_game = {arm: matrices[arm].mean(axis=0, keepdims=True) for arm in arms}
