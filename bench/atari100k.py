@@ -846,11 +846,12 @@ def table(args: argparse.Namespace) -> str:
     asked = args.arms.split(",")
     runs = [r for r in data["runs"] if r["arm"] in asked]
     arms = [a for a in asked if any(r["arm"] == a for r in runs)]
-    refuse_unknown_arms([a for a in asked if a not in arms])  # an arm with runs is known
+    missing = [a for a in asked if a not in arms]
+    refuse_unknown_arms(missing)  # an arm with runs is known
     games, seeds = complete_cells(runs, arms)
     lines = [f"{len(games)} of 26 games with every arm on seeds "
              f"{', '.join(map(str, seeds))} ({len(runs)} runs in {args.json}):",
-             *(f"{a}: no runs in {args.json} yet, left out" for a in asked if a not in arms),
+             *(f"{a}: no runs in {args.json} yet, left out" for a in missing),
              ""]  # fmt: skip
     if not games:
         return "\n".join([*lines, "nothing to aggregate yet"])
