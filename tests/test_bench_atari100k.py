@@ -276,7 +276,10 @@ def test_the_results_pages_aggregates_are_the_jsons() -> None:
     games, seeds = atari100k.complete_cells(runs, arms)
     matrices = {a: atari100k.score_matrix(runs, a, games, seeds) for a in arms}
     fns = atari100k._metric_fns()
-    rows = {line.split("|")[1].strip(): line for line in section if line.startswith("| ")}
+    # The "| arm | IQM |" table only: the per-game means' table names the arms again.
+    start = next(i for i, line in enumerate(section) if line.startswith("| arm | IQM |"))
+    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
+    rows = {line.split("|")[1].strip(): line for line in section[start:end]}
     checked = 0
     for label, line in rows.items():
         if label in arms:
@@ -291,6 +294,29 @@ def test_the_results_pages_aggregates_are_the_jsons() -> None:
         assert shown == pytest.approx(points, abs=5.1e-4), label
         checked += 1
     assert checked >= len(arms) + len(arms) - 1  # every arm, and the first against the rest
+
+
+def test_the_results_pages_per_game_means_are_the_jsons() -> None:
+    """The page's aggregates over one value a game: each arm's from its seeds' means in
+    the JSON, each published method's from its per-game table, over the games the arms
+    have finished."""
+    runs = atari100k.read_report(ROOT / "bench" / "atari100k_report.json")["runs"]
+    section = _atari100k_section()
+    arms = _page_arms(section)
+    games, seeds = atari100k.complete_cells(runs, arms)
+    values = {a: atari100k.score_matrix(runs, a, games, seeds).mean(axis=0, keepdims=True)
+              for a in arms}  # fmt: skip
+    values |= {f"{label} as published": atari100k.published_matrix(field, games)
+               for label, field in atari100k.PUBLISHED.items()}  # fmt: skip
+    fns = atari100k._metric_fns()
+    start = next(i for i, line in enumerate(section) if line.startswith("| per-game means |"))
+    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
+    rows = {line.split("|")[1].strip(): line for line in section[start + 2:end]}
+    assert set(rows) == set(values)
+    for label, line in rows.items():
+        shown = [float(c) for c in line.strip("|").split("|")[1:]]
+        assert shown == pytest.approx([fns[m](values[label]) for m in atari100k.METRICS],
+                                      abs=5.1e-4), label  # fmt: skip
 
 
 def test_the_per_game_rows_give_the_published_scores_asked_for(tmp_path: Path) -> None:
