@@ -240,6 +240,14 @@ def _atari100k_section() -> list[str]:
     return page[start:end]
 
 
+def _page_table(section: list[str], header: str) -> list[str]:
+    """The lines of the section's table whose header line starts with ``header``."""
+    start = next(i for i, line in enumerate(section) if line.startswith(header))
+    end = next((i for i in range(start, len(section)) if not section[i].startswith("|")),
+               len(section))  # fmt: skip
+    return section[start:end]
+
+
 def _page_arms(section: list[str]) -> list[str]:
     """The arms of the page's per-game table, read from its header: the first column's
     ``ARM, seeds ... (mean)``, then each ``ARM (mean)``."""
@@ -260,9 +268,7 @@ def test_the_results_page_gives_the_reports_per_game_rows() -> None:
     arms = _page_arms(section)
     games, seeds = atari100k.complete_cells(runs, arms)
     expected = atari100k.game_rows(runs, arms, games, seeds)
-    start = section.index(expected[0])  # the table's header
-    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
-    assert section[start:end] == expected
+    assert _page_table(section, expected[0]) == expected
     assert f"{len(games)} of 26 games so far" in " ".join(section) or len(games) == 26
 
 
@@ -277,9 +283,7 @@ def test_the_results_pages_aggregates_are_the_jsons() -> None:
     matrices = {a: atari100k.score_matrix(runs, a, games, seeds) for a in arms}
     fns = atari100k._metric_fns()
     # The "| arm | IQM |" table only: the per-game means' table names the arms again.
-    start = next(i for i, line in enumerate(section) if line.startswith("| arm | IQM |"))
-    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
-    rows = {line.split("|")[1].strip(): line for line in section[start:end]}
+    rows = {line.split("|")[1].strip(): line for line in _page_table(section, "| arm | IQM |")}
     checked = 0
     for label, line in rows.items():
         if label in arms:
@@ -309,9 +313,8 @@ def test_the_results_pages_per_game_means_are_the_jsons() -> None:
     values |= {f"{label} as published": atari100k.published_matrix(field, games)
                for label, field in atari100k.PUBLISHED.items()}  # fmt: skip
     fns = atari100k._metric_fns()
-    start = next(i for i, line in enumerate(section) if line.startswith("| per-game means |"))
-    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
-    rows = {line.split("|")[1].strip(): line for line in section[start + 2:end]}
+    table = _page_table(section, "| per-game means |")[2:]  # below the header and its rule
+    rows = {line.split("|")[1].strip(): line for line in table}
     assert set(rows) == set(values)
     for label, line in rows.items():
         shown = [float(c) for c in line.strip("|").split("|")[1:]]
