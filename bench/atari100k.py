@@ -833,6 +833,15 @@ def off_greedy_rows(
     return lines
 
 
+def per_game_means(matrices: dict[str, np.ndarray], games: Sequence[str]) -> dict[str, np.ndarray]:
+    """One value a game, shape (1, games): each arm's mean of its seeds (``matrices``: arm to
+    its (seeds, games) normalised scores), then each published method's per-game mean as
+    ``"LABEL as published"``, which has no runs to aggregate over."""
+    means = {arm: m.mean(axis=0, keepdims=True) for arm, m in matrices.items()}
+    return means | {f"{label} as published": published_matrix(field, games)
+                    for label, field in PUBLISHED.items()}  # fmt: skip
+
+
 def table(args: argparse.Namespace) -> str:
     """The report as markdown: aggregates per arm, the first arm minus each other arm
     paired (aggregates and per game, with where the first is ahead, level or behind), the
@@ -865,15 +874,10 @@ def table(args: argparse.Namespace) -> str:
         diff = paired_difference(matrices[first], matrices[b], reps=args.reps)
         cells = " | ".join(_ci(*diff[m], signed=True) for m in METRICS)
         lines.append(f"| {first} - {b}, paired | {cells} |")
-    # The same aggregates over one value a game, the arms' means of their seeds beside the
-    # published tables' means, which have no runs to aggregate over.
-    per_game = {arm: matrices[arm].mean(axis=0, keepdims=True) for arm in arms}
-    per_game |= {f"{label} as published": published_matrix(field, games)
-                 for label, field in PUBLISHED.items()}  # fmt: skip
     lines += ["", "| per-game means | " + " | ".join(METRICS) + " |",
               "|---" * (len(METRICS) + 1) + "|"]  # fmt: skip
     fns = _metric_fns()
-    for name, row in per_game.items():
+    for name, row in per_game_means(matrices, games).items():
         lines.append(f"| {name} | " + " | ".join(f"{fns[m](row):.3f}" for m in METRICS) + " |")
     paired = {b: paired_by_game(runs, first, b, games, seeds) for b in others}
     lines += ["", *game_rows(runs, arms, games, seeds, paired, args.published.split(","))]

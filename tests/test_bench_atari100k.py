@@ -308,10 +308,8 @@ def test_the_results_pages_per_game_means_are_the_jsons() -> None:
     section = _atari100k_section()
     arms = _page_arms(section)
     games, seeds = atari100k.complete_cells(runs, arms)
-    values = {a: atari100k.score_matrix(runs, a, games, seeds).mean(axis=0, keepdims=True)
-              for a in arms}  # fmt: skip
-    values |= {f"{label} as published": atari100k.published_matrix(field, games)
-               for label, field in atari100k.PUBLISHED.items()}  # fmt: skip
+    matrices = {a: atari100k.score_matrix(runs, a, games, seeds) for a in arms}
+    values = atari100k.per_game_means(matrices, games)
     fns = atari100k._metric_fns()
     table = _page_table(section, "| per-game means |")[2:]  # below the header and its rule
     rows = {line.split("|")[1].strip(): line for line in table}
