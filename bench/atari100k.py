@@ -57,6 +57,7 @@ row per game and seed, every arm's score and its human-normalised difference fro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -64,7 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -712,6 +713,19 @@ def _metric_fns() -> dict[str, Callable[[np.ndarray], float]]:
     }
 
 
+@contextlib.contextmanager
+def _numpy_seeded(seed: int) -> Iterator[None]:
+    """numpy's global generator seeded for the block, then put back. rliable's bootstrap
+    draws its resamples from that generator whatever generator it is handed, so this is
+    what makes its intervals the same at every call."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
 def aggregates(matrix: np.ndarray, reps: int = 50_000, seed: int = 0) -> dict[str, tuple]:
     """Each metric of a ``(runs, games)`` score matrix: (point, CI low, CI high), 95%
     stratified-bootstrap percentile intervals (runs resampled within each game), rliable's."""
@@ -719,8 +733,9 @@ def aggregates(matrix: np.ndarray, reps: int = 50_000, seed: int = 0) -> dict[st
 
     out = {}
     for name, fn in _metric_fns().items():
-        boot = rly.StratifiedBootstrap(matrix, seed=np.random.default_rng(seed))
-        low, high = boot.conf_int(fn, reps=reps, size=0.95, method="percentile")[:, 0]
+        with _numpy_seeded(seed):
+            boot = rly.StratifiedBootstrap(matrix)
+            low, high = boot.conf_int(fn, reps=reps, size=0.95, method="percentile")[:, 0]
         out[name] = (float(fn(matrix)), float(low), float(high))
     return out
 
@@ -739,8 +754,9 @@ def paired_difference(
         def diff(x: np.ndarray, y: np.ndarray, fn: Callable = fn) -> float:
             return float(fn(x) - fn(y))
 
-        boot = rly.StratifiedBootstrap(a, b, seed=np.random.default_rng(seed))
-        low, high = boot.conf_int(diff, reps=reps, size=0.95, method="percentile")[:, 0]
+        with _numpy_seeded(seed):
+            boot = rly.StratifiedBootstrap(a, b)
+            low, high = boot.conf_int(diff, reps=reps, size=0.95, method="percentile")[:, 0]
         out[name] = (diff(a, b), float(low), float(high))
     return out
 
@@ -988,7 +1004,8 @@ def plots(runs: Sequence[dict[str, Any]], arms: Sequence[str], out_dir: Path) ->
         scores = {a: score_matrix(runs, a, games, seeds) for a in arms}
         for label, field in PUBLISHED.items():
             scores[f"{label} (published means)"] = published_matrix(field, games)
-        profiles, cis = rly.create_performance_profile(scores, taus, reps=2000)
+        with _numpy_seeded(0):
+            profiles, cis = rly.create_performance_profile(scores, taus, reps=2000)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, (name, profile) in enumerate(profiles.items()):
             color = colors.get(name, ("black", "grey", "tab:purple")[i % 3])
